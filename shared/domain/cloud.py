@@ -1,0 +1,94 @@
+"""Provider-neutral views of TPU resources: what the adapters return and the planner reads.
+
+Adapters normalise provider states and errors into these (G6); domain code never sees provider
+strings or SDK types.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.domain.errors import ErrorClass
+from shared.domain.models import Backend, NodeState, QueuedResourceState, Tier
+
+__all__ = [
+    "LABEL_DEPLOYMENT",
+    "LABEL_GENERATION",
+    "LABEL_MANAGED_BY",
+    "ObservedResource",
+    "OperationStatus",
+    "ProvisionRequest",
+    "accelerator_family",
+]
+
+LABEL_DEPLOYMENT = "tpuctl-deployment"
+LABEL_GENERATION = "tpuctl-generation"
+LABEL_MANAGED_BY = "managed-by"
+
+
+def accelerator_family(accelerator: str) -> str:
+    """``v6e-4`` -> ``v6e``; ``v5litepod-8`` -> ``v5litepod``."""
+    return accelerator.rsplit("-", 1)[0]
+
+
+class ProvisionRequest(BaseModel):
+    """Everything needed to ask for one slice in one zone and tier; ids are deterministic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resource_id: str = Field(pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$")
+    node_id: str = Field(pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$")
+    zone: str
+    accelerator: str
+    runtime_version: str = "v2-alpha-tpuv6e"
+    tier: Tier
+    request_id: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    valid_until_s: int | None = Field(default=None, ge=60)
+    max_run_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
+    reservation_name: str | None = None
+    startup_script: str = ""
+    service_account: str | None = None
+    backend: Backend = Backend.TPU_API
+
+
+class OperationStatus(BaseModel):
+    """A long-running operation as last seen; the provisioner stores the name, never waits on it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    done: bool
+    error_class: ErrorClass | None = None
+    error_code: int | None = None
+    error_message: str = ""
+
+
+class ObservedResource(BaseModel):
+    """A queued resource (or a bare node) as the provider reports it, with its node folded in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # short id (the queued resource id, or the node id for bare nodes)
+    zone: str
+    backend: Backend = Backend.TPU_API
+    kind: str = "queued_resource"  # queued_resource | node | instance
+    state: QueuedResourceState = QueuedResourceState.UNKNOWN
+    state_initiator: str = ""  # USER | SERVICE for SUSPENDING/SUSPENDED
+    tier: Tier | None = None
+    accelerator: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    node_id: str | None = None
+    node_state: NodeState | None = None
+    endpoint: str | None = None  # internal IP or host:port of the VM
+    created_at: datetime | None = None
+    termination_at: datetime | None = None
+    error_class: ErrorClass | None = None
+    error_message: str = ""
+
+    @property
+    def owned_by(self) -> str | None:
+        """The deployment id in our label, or None when the resource is not ours."""
+        return self.labels.get(LABEL_DEPLOYMENT)

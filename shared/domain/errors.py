@@ -1,0 +1,134 @@
+"""The controller's error tree, grouped by what the caller should do next.
+
+    ControllerError
+    ├── PermanentError          ack the message, record the failure, never retry
+    │   ├── InvalidMessage      a command or event that fails validation (names the field and the fix)
+    │   ├── StaleGeneration     a command whose expected generation is behind the stored one
+    │   └── NotOwned            a resource that does not carry our labels: never touched
+    ├── TransientError          raise, let Pub/Sub (or the local bus) redeliver with backoff
+    │   ├── ConflictError       a compare-and-set lost a race; re-read and try again
+    │   └── LeaseHeld           another reconciler holds the deployment's lease
+    └── CloudError              a provider error, classified ONCE in the adapter (see ErrorClass)
+
+Entry points map the two families mechanically (``shared.entry``): permanent -> return (ack),
+transient and anything unexpected -> raise (retry). ``CloudError`` is permanent or transient by
+its class: rate limits and 5xx are transient; the rest feed the planner's zone memory instead of
+being retried blindly.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "CloudError",
+    "ConflictError",
+    "ControllerError",
+    "ErrorClass",
+    "InvalidMessage",
+    "LeaseHeld",
+    "NotOwned",
+    "PermanentError",
+    "StaleGeneration",
+    "TransientError",
+]
+
+
+class ControllerError(Exception):
+    """Root of every error the controller raises on purpose."""
+
+
+class PermanentError(ControllerError):
+    """Retrying will not help: record it and acknowledge the message."""
+
+
+class TransientError(ControllerError):
+    """Retrying later may help; ``retry_after_s`` is a hint, not a promise."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InvalidMessage(PermanentError):
+    """A message that fails validation. ``field`` is a dotted path; ``fix`` says what would pass."""
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        text = f"{field}: {problem}"
+        if fix:
+            text += f" ({fix})"
+        super().__init__(text)
+
+
+class StaleGeneration(PermanentError):
+    """The command was written against an older generation of the deployment."""
+
+
+class NotOwned(PermanentError):
+    """The resource does not carry our labels, so the controller must not touch it."""
+
+
+class ConflictError(TransientError):
+    """A compare-and-set write lost to a concurrent writer."""
+
+
+class LeaseHeld(TransientError):
+    """Another reconciler holds the lease; the next tick will pick the work up."""
+
+
+class ErrorClass(StrEnum):
+    """What a provider error means for the capacity search (tpu-api.md §5.4)."""
+
+    STOCKOUT = "stockout"
+    QUOTA_ZONE = "quota_zone"
+    QUOTA_REGION = "quota_region"
+    UNSUPPORTED = "unsupported"
+    PERMISSION = "permission"
+    RATE_LIMIT = "rate_limit"
+    TRANSIENT = "transient"
+    NOT_FOUND = "not_found"
+    ALREADY_EXISTS = "already_exists"
+    FAILED_PRECONDITION = "failed_precondition"
+    INVALID = "invalid"
+    UNKNOWN = "unknown"
+
+
+_TRANSIENT_CLASSES = frozenset({ErrorClass.RATE_LIMIT, ErrorClass.TRANSIENT, ErrorClass.UNKNOWN})
+
+
+class CloudError(ControllerError):
+    """A provider error, classified once by the adapter that saw it.
+
+    ``quota_id`` and ``scope`` (``zone`` or ``region``) are set for quota errors; ``location`` is the
+    zone or region the error names. ``surfaced`` says where it arrived: ``sync`` (the HTTP answer) or
+    ``operation`` (the long-running operation's error).
+    """
+
+    def __init__(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        code: int | None = None,
+        quota_id: str | None = None,
+        location: str | None = None,
+        surfaced: str = "sync",
+    ) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.code = code
+        self.quota_id = quota_id
+        self.location = location
+        self.surfaced = surfaced
+
+    @property
+    def transient(self) -> bool:
+        """True when the same call may succeed if simply repeated later."""
+        return self.error_class in _TRANSIENT_CLASSES
+
+    def __repr__(self) -> str:
+        return f"CloudError({self.error_class.value!r}, {self.message!r})"

@@ -1,0 +1,398 @@
+"""Typed values the whole controller shares: deployment specs, records kept in the state store.
+
+Pure: no I/O, no clock. Every timestamp is passed in by the caller and is timezone-aware UTC.
+Validation here is the single source of the allow-lists that commands are checked against.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = [
+    "ACCELERATOR_TYPES",
+    "MODEL_PRESET_NAMES",
+    "AcceleratorType",
+    "AttemptLog",
+    "Backend",
+    "BenchmarkRun",
+    "CommandRecord",
+    "DeploymentId",
+    "DeploymentRecord",
+    "DeploymentSpec",
+    "DeploymentStatus",
+    "Desired",
+    "Lease",
+    "MonitorSample",
+    "NodeState",
+    "Phase",
+    "QueuedResourceState",
+    "RejectedMessage",
+    "ResourceRef",
+    "ServingOptions",
+    "Tier",
+    "Zone",
+    "ZoneMemoryEntry",
+    "region_of",
+    "utc",
+]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+# Short enough that "{id}-g{generation}-a{attempt}" still fits TPU resource names (63 chars).
+DEPLOYMENT_ID_PATTERN = r"^[a-z][-a-z0-9]{0,38}[a-z0-9]$"
+ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]{1,8}$"
+
+DeploymentId = Annotated[str, StringConstraints(pattern=DEPLOYMENT_ID_PATTERN)]
+Zone = Annotated[str, StringConstraints(pattern=ZONE_PATTERN, max_length=40)]
+
+ACCELERATOR_TYPES: tuple[str, ...] = (
+    "v6e-1",
+    "v6e-4",
+    "v6e-8",
+    "v5litepod-1",
+    "v5litepod-4",
+    "v5litepod-8",
+    "v5p-8",
+)
+AcceleratorType = Literal["v6e-1", "v6e-4", "v6e-8", "v5litepod-1", "v5litepod-4", "v5litepod-8", "v5p-8"]
+
+# Model presets the controller knows how to serve (the serving-plan catalog holds their details).
+MODEL_PRESET_NAMES: tuple[str, ...] = (
+    "gemma-4-e2b",
+    "gemma-4-e4b",
+    "gemma-4-12b",
+    "gemma-4-26b-a4b",
+    "gemma-4-31b",
+    "tiny-llama",
+)
+ModelPreset = Literal["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b", "gemma-4-26b-a4b", "gemma-4-31b", "tiny-llama"]
+
+
+def utc(value: datetime) -> datetime:
+    """Reject naive datetimes: every time in the controller is UTC-aware."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must be timezone-aware (UTC), e.g. 2026-12-02T15:00:00Z")
+    return value
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(utc)]
+
+
+def region_of(zone: str) -> str:
+    """``us-east5-b`` -> ``us-east5``."""
+    return zone.rsplit("-", 1)[0]
+
+
+class Tier(StrEnum):
+    """How capacity is bought, cheapest-to-lose first in Google's ladder."""
+
+    RESERVATION = "reservation"
+    FLEX_START = "flex_start"
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+
+
+class Backend(StrEnum):
+    """Which Google API provisions the TPU VM."""
+
+    TPU_API = "tpu-api"
+    COMPUTE_ENGINE = "compute-engine"
+
+
+class Desired(StrEnum):
+    """What the user asked for; only the command path writes it."""
+
+    PRESENT = "present"
+    STOPPED = "stopped"
+    ABSENT = "absent"
+
+
+class Phase(StrEnum):
+    """Where a deployment is, as the controller last saw it; only reconcilers and monitors write it."""
+
+    PENDING = "PENDING"
+    SEARCHING = "SEARCHING"  # hunting for capacity: queued resources requested, none ACTIVE
+    PROVISIONING = "PROVISIONING"  # capacity found, nodes being created
+    BOOTING = "BOOTING"  # node READY, vLLM not answering yet
+    COMPILING = "COMPILING"  # vLLM answering but not ready (load, XLA compile)
+    SERVING = "SERVING"
+    DEGRADED = "DEGRADED"
+    STALLED = "STALLED"
+    DOWN = "DOWN"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    DELETING = "DELETING"
+    DELETED = "DELETED"
+    FAILED = "FAILED"
+
+
+LIVE_PHASES = frozenset(
+    {
+        Phase.PENDING,
+        Phase.SEARCHING,
+        Phase.PROVISIONING,
+        Phase.BOOTING,
+        Phase.COMPILING,
+        Phase.SERVING,
+        Phase.DEGRADED,
+        Phase.STALLED,
+        Phase.DOWN,
+        Phase.STOPPING,
+        Phase.DELETING,
+    }
+)
+
+
+class QueuedResourceState(StrEnum):
+    """Provider queued-resource states, normalised by the adapter (G6)."""
+
+    CREATING = "CREATING"
+    ACCEPTED = "ACCEPTED"
+    WAITING = "WAITING_FOR_RESOURCES"
+    PROVISIONING = "PROVISIONING"
+    ACTIVE = "ACTIVE"
+    FAILED = "FAILED"
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
+    DELETING = "DELETING"
+    UNKNOWN = "UNKNOWN"
+
+
+class NodeState(StrEnum):
+    """Provider node (TPU VM) states, normalised by the adapter."""
+
+    CREATING = "CREATING"
+    READY = "READY"
+    RESTARTING = "RESTARTING"
+    REPAIRING = "REPAIRING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    STARTING = "STARTING"
+    PREEMPTED = "PREEMPTED"
+    TERMINATED = "TERMINATED"
+    DELETING = "DELETING"
+    UNKNOWN = "UNKNOWN"
+
+
+class ServingOptions(BaseModel):
+    """The vLLM knobs a user may set: structured values only, never a raw argument string."""
+
+    model_config = _STRICT
+
+    max_model_len: int | None = Field(default=None, ge=256, le=131072, description="Context length in tokens.")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1024, description="Concurrent sequences per engine.")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description="KV cache element type.")
+    gpu_memory_utilization: float = Field(default=0.90, ge=0.5, le=0.98, description="Share of HBM vLLM may use.")
+    dtype: Literal["bfloat16", "fp8"] = Field(default="bfloat16", description="Weight dtype.")
+
+
+class DeploymentSpec(BaseModel):
+    """What the user wants running. Immutable; a change is a new generation."""
+
+    model_config = _STRICT
+
+    deployment_id: DeploymentId
+    model: ModelPreset = Field(description="Model preset name from the catalog.")
+    accelerator: AcceleratorType = Field(description="TPU slice type, e.g. v6e-4.")
+    zones: tuple[Zone, ...] = Field(min_length=1, max_length=32, description="Zones the search may use.")
+    tiers: tuple[Tier, ...] = Field(
+        default=(Tier.FLEX_START, Tier.SPOT, Tier.ON_DEMAND),
+        min_length=1,
+        max_length=4,
+        description="Capacity tiers in priority order.",
+    )
+    backend: Backend = Backend.TPU_API
+    hedge: int = Field(default=2, ge=1, le=4, description="Queued resources kept outstanding at once.")
+    valid_until_minutes: int = Field(default=240, ge=5, le=1440, description="How long one request may wait.")
+    max_run_hours: float = Field(default=4.0, gt=0, le=168, description="Flex-start run cap.")
+    ttl_hours: float | None = Field(default=None, gt=0, le=720, description="Tear down after this long.")
+    budget_usd: float | None = Field(default=None, gt=0, le=1_000_000, description="Tear down past this spend.")
+    idle_minutes: int | None = Field(default=None, ge=5, le=10080, description="No requests for this long is idle.")
+    on_idle: Literal["stop", "delete"] = "stop"
+    reservation_name: str | None = Field(default=None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+    serving: ServingOptions = Field(default_factory=ServingOptions)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeploymentSpec:
+        if len(set(self.zones)) != len(self.zones):
+            raise ValueError("zones: each zone may appear once")
+        if len(set(self.tiers)) != len(self.tiers):
+            raise ValueError("tiers: each tier may appear once")
+        if Tier.RESERVATION in self.tiers and not self.reservation_name:
+            raise ValueError("reservation_name: required when tiers include 'reservation'")
+        return self
+
+    @property
+    def chips(self) -> int:
+        """Chips in one slice of this accelerator type (v6e-4 -> 4)."""
+        return int(self.accelerator.rsplit("-", 1)[1])
+
+
+class ResourceRef(BaseModel):
+    """One provider resource the controller created or observed for a deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    zone: str
+    tier: Tier
+    backend: Backend = Backend.TPU_API
+    generation: int = Field(ge=0)
+    attempt: int = Field(ge=0)
+    state: QueuedResourceState = QueuedResourceState.UNKNOWN
+    node_state: NodeState | None = None
+    operation: str | None = None
+    endpoint: str | None = None
+    created_at: UtcDateTime | None = None
+    active_at: UtcDateTime | None = None
+
+
+class AttemptLog(BaseModel):
+    """One step of the capacity search, kept for the status dashboard."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: UtcDateTime
+    zone: str
+    tier: Tier
+    outcome: str  # requested | active | error class value | deleted | expired
+    detail: str = ""
+
+
+class DeploymentStatus(BaseModel):
+    """What the reconciler and monitor last observed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: Phase = Phase.PENDING
+    observed_generation: int = 0
+    zone: str | None = None
+    tier: Tier | None = None
+    backend: Backend | None = None
+    endpoint: str | None = None
+    message: str = ""
+    resources: list[ResourceRef] = Field(default_factory=list)
+    attempts: list[AttemptLog] = Field(default_factory=list)
+    next_attempt: int = 0
+    slis: dict[str, float] = Field(default_factory=dict)
+    spend_usd: float = 0.0
+    phase_since: UtcDateTime | None = None
+    serving_since: UtcDateTime | None = None
+    last_request_at: UtcDateTime | None = None
+
+
+class DeploymentRecord(BaseModel):
+    """The stored deployment: spec (command path) plus status (reconciler), versioned for CAS."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment_id: DeploymentId
+    spec: DeploymentSpec
+    generation: int = Field(default=1, ge=1)
+    desired: Desired = Desired.PRESENT
+    status: DeploymentStatus = Field(default_factory=DeploymentStatus)
+    version: int = Field(default=0, ge=0, description="Bumped by the store on every write (compare-and-set).")
+    created_at: UtcDateTime
+    updated_at: UtcDateTime
+
+    @property
+    def live(self) -> bool:
+        """True while the deployment may hold or be seeking paid resources."""
+        return self.status.phase in LIVE_PHASES or (
+            self.desired is not Desired.ABSENT and self.status.phase is not Phase.DELETED
+        )
+
+
+class CommandRecord(BaseModel):
+    """The idempotency ledger entry for one command id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command_id: str
+    kind: str
+    deployment_id: str | None
+    status: Literal["accepted", "applied", "rejected", "failed"] = "accepted"
+    outcome: str = ""
+    received_at: UtcDateTime
+    expire_at: UtcDateTime | None = None
+
+
+class RejectedMessage(BaseModel):
+    """A poison message, kept so an operator can see what was refused and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message_id: str
+    field: str
+    reason: str
+    received_at: UtcDateTime
+    size_bytes: int = 0
+    source: str = ""
+
+
+class Lease(BaseModel):
+    """A lease on one name; ``epoch`` grows on every acquisition and fences stale holders."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    holder: str
+    epoch: int = Field(ge=1)
+    expires_at: UtcDateTime
+
+
+class MonitorSample(BaseModel):
+    """One probe of one deployment at one tick; expires via ``expire_at`` (Firestore TTL)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment_id: str
+    taken_at: UtcDateTime
+    phase: Phase
+    probe: str = ""  # ok | refused | timeout | unauthorized | server_error | ...
+    slis: dict[str, float] = Field(default_factory=dict)
+    counters: dict[str, Any] = Field(default_factory=dict)
+    detail: str = ""
+    expire_at: UtcDateTime | None = None
+
+
+class BenchmarkRun(BaseModel):
+    """One benchmark request and, once the node agent reports, its result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    deployment_id: str
+    status: Literal["requested", "dispatched", "running", "completed", "failed"] = "requested"
+    request: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    plan: dict[str, Any] = Field(default_factory=dict)
+    error: str = ""
+    created_at: UtcDateTime
+    updated_at: UtcDateTime
+
+
+class ZoneMemoryEntry(BaseModel):
+    """Learned availability for one (scope, key): cooldowns after stockouts, blocks after quota or permission.
+
+    ``key`` is built by the planner, e.g. ``stockout/us-east5-b/v6e/spot`` or
+    ``quota/region/us-east5/TPUV6EPreemptiblePerProjectPerRegionForTPUAPI``. Shared by all deployments.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=300)
+    kind: Literal["cooldown", "block", "unsupported"]
+    error_class: str
+    zone: str | None = None
+    region: str | None = None
+    tier: Tier | None = None
+    quota_id: str | None = None
+    reason: str = ""
+    failures: int = Field(default=1, ge=0)
+    until: UtcDateTime | None = None  # None = until cleared
+    updated_at: UtcDateTime

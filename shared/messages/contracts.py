@@ -1,0 +1,308 @@
+"""The message models and their codec.
+
+Every message carries ``schema_version``, ``command_id`` (the idempotency key, a UUID made by the
+sender), ``deployment_id`` and ``issued_at``. Models are closed (``extra="forbid"``) because agent
+CLIs strip ``additionalProperties`` from schemas: the consumer enforces it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from shared.domain.errors import InvalidMessage
+from shared.domain.models import DeploymentId, DeploymentSpec, Phase, Tier, UtcDateTime
+
+SCHEMA_VERSION: Literal["1"] = "1"
+MAX_MESSAGE_BYTES = 64 * 1024
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+
+_CLOSED = ConfigDict(extra="forbid", frozen=True)
+
+
+def new_command_id() -> str:
+    """A fresh idempotency key (UUIDv4, lower case)."""
+    return str(uuid.uuid4())
+
+
+class _Envelope(BaseModel):
+    model_config = _CLOSED
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    command_id: str = Field(pattern=UUID_PATTERN, description="Idempotency key: a lower-case UUID.")
+    issued_at: UtcDateTime
+
+
+class _DeploymentMessage(_Envelope):
+    deployment_id: DeploymentId
+
+
+class CreateDeployment(_DeploymentMessage):
+    """Store a new deployment's desired state (generation 1) and nudge the reconciler."""
+
+    kind: Literal["deployment.create"] = "deployment.create"
+    spec: DeploymentSpec
+
+    @model_validator(mode="after")
+    def _same_id(self) -> CreateDeployment:
+        if self.spec.deployment_id != self.deployment_id:
+            raise ValueError("spec.deployment_id must equal deployment_id")
+        return self
+
+
+class UpdateDeployment(_DeploymentMessage):
+    """Replace the spec (a new generation: make-before-break)."""
+
+    kind: Literal["deployment.update"] = "deployment.update"
+    spec: DeploymentSpec
+    expected_generation: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _same_id(self) -> UpdateDeployment:
+        if self.spec.deployment_id != self.deployment_id:
+            raise ValueError("spec.deployment_id must equal deployment_id")
+        return self
+
+
+class DeleteDeployment(_DeploymentMessage):
+    """Desired state becomes absent: every resource is force-deleted and verified gone."""
+
+    kind: Literal["deployment.delete"] = "deployment.delete"
+    expected_generation: int | None = Field(default=None, ge=1)
+
+
+class StopDeployment(_DeploymentMessage):
+    """Release the TPU but keep the deployment record (a later start re-provisions)."""
+
+    kind: Literal["deployment.stop"] = "deployment.stop"
+
+
+class StartDeployment(_DeploymentMessage):
+    """Bring a stopped deployment back."""
+
+    kind: Literal["deployment.start"] = "deployment.start"
+
+
+class RestartServing(_DeploymentMessage):
+    """Restart the vLLM container on the node (healing, or a user's request)."""
+
+    kind: Literal["serving.restart"] = "serving.restart"
+    reason: str = Field(default="", max_length=500)
+
+
+class BenchmarkRequest(BaseModel):
+    """What to measure. Bounded so a typo cannot run for hours."""
+
+    model_config = _CLOSED
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: tuple[Annotated[int, Field(ge=1, le=1024)], ...] = Field(
+        default=(1, 4, 16), min_length=1, max_length=16
+    )
+    request_rate: tuple[Annotated[float, Field(gt=0, le=10000)], ...] = Field(default=(), max_length=16)
+    arrival: Literal["poisson", "constant"] = "poisson"
+    endpoint: Literal["chat", "completions"] = "completions"
+    num_prompts: int = Field(default=64, ge=1, le=10000)
+    input_len: int = Field(default=256, ge=1, le=131072)
+    output_len: int = Field(default=64, ge=1, le=32768)
+    warmup_requests: int = Field(default=2, ge=0, le=100)
+    duration_s: float | None = Field(default=None, gt=0, le=3600)
+    slo_ttft_ms: float | None = Field(default=None, gt=0, le=600000)
+    slo_tpot_ms: float | None = Field(default=None, gt=0, le=600000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _mode_has_levels(self) -> BenchmarkRequest:
+        if self.mode == "rate" and not self.request_rate:
+            raise ValueError("request_rate: give at least one rate when mode is 'rate'")
+        return self
+
+
+class RunBenchmark(_DeploymentMessage):
+    """Run a benchmark on the deployment's node; ``command_id`` is the run id."""
+
+    kind: Literal["benchmark.run"] = "benchmark.run"
+    benchmark: BenchmarkRequest = Field(default_factory=BenchmarkRequest)
+
+
+class ScheduleBenchmark(_DeploymentMessage):
+    """Create, replace or (``cron`` = None) delete a deployment's scheduled benchmark."""
+
+    kind: Literal["benchmark.schedule"] = "benchmark.schedule"
+    cron: str | None = Field(default=None, pattern=r"^[0-9*/,\- ]{9,100}$")
+    benchmark: BenchmarkRequest = Field(default_factory=BenchmarkRequest)
+
+
+class ReconcileTick(_Envelope):
+    """A Scheduler tick: reconcile every live deployment (or one, when ``deployment_id`` is set)."""
+
+    kind: Literal["reconcile.tick"] = "reconcile.tick"
+    deployment_id: DeploymentId | None = None
+    purpose: Literal["reconcile", "monitor", "janitor"] = "reconcile"
+
+
+class DeploymentObserved(_DeploymentMessage):
+    """The reconciler recorded a new observation of a deployment."""
+
+    kind: Literal["deployment.observed"] = "deployment.observed"
+    phase: Phase
+    zone: str | None = Field(default=None, max_length=40)
+    tier: Tier | None = None
+    detail: str = Field(default="", max_length=2000)
+
+
+class PhaseChanged(_DeploymentMessage):
+    """The monitor moved a deployment to another phase."""
+
+    kind: Literal["deployment.phase_changed"] = "deployment.phase_changed"
+    previous: Phase
+    phase: Phase
+    reason: str = Field(default="", max_length=2000)
+
+
+class BenchmarkCompleted(_DeploymentMessage):
+    """The node agent finished (or failed) a run; ``run_id`` is the request's command id."""
+
+    kind: Literal["benchmark.completed"] = "benchmark.completed"
+    run_id: str = Field(pattern=UUID_PATTERN)
+    status: Literal["completed", "failed"]
+    result: dict[str, Any] | None = None
+    error: str = Field(default="", max_length=4000)
+
+
+class NodeBooted(_DeploymentMessage):
+    """The node agent reports the machine it runs on (shown by the gateway's node details)."""
+
+    kind: Literal["node.booted"] = "node.booted"
+    node: str = Field(max_length=200)
+    system: dict[str, Any] = Field(default_factory=dict)
+
+
+Command = Annotated[
+    CreateDeployment
+    | UpdateDeployment
+    | DeleteDeployment
+    | StopDeployment
+    | StartDeployment
+    | RestartServing
+    | RunBenchmark
+    | ScheduleBenchmark
+    | ReconcileTick,
+    Field(discriminator="kind"),
+]
+Event = Annotated[
+    DeploymentObserved | PhaseChanged | BenchmarkCompleted | NodeBooted,
+    Field(discriminator="kind"),
+]
+Message = Annotated[
+    CreateDeployment
+    | UpdateDeployment
+    | DeleteDeployment
+    | StopDeployment
+    | StartDeployment
+    | RestartServing
+    | RunBenchmark
+    | ScheduleBenchmark
+    | ReconcileTick
+    | DeploymentObserved
+    | PhaseChanged
+    | BenchmarkCompleted
+    | NodeBooted,
+    Field(discriminator="kind"),
+]
+
+_MESSAGE_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+KINDS: tuple[str, ...] = tuple(sorted(_MESSAGE_ADAPTER.json_schema()["discriminator"]["mapping"]))
+
+_TOPICS = {
+    "reconcile.tick": "ticks",
+    "benchmark.run": "commands",
+    "deployment.observed": "events",
+    "deployment.phase_changed": "events",
+    "benchmark.completed": "events",
+    "node.booted": "events",
+}
+
+
+def topic_for(message: BaseModel) -> str:
+    """The logical topic a message travels on: commands, ticks or events."""
+    return _TOPICS.get(str(getattr(message, "kind", "")), "commands")
+
+
+def encode_message(message: BaseModel) -> bytes:
+    """Compact UTF-8 JSON, the body published on the bus."""
+    return message.model_dump_json(exclude_none=False).encode("utf-8")
+
+
+def message_attributes(message: BaseModel) -> dict[str, str]:
+    """Routing attributes (Pub/Sub filters and logs read these, never the body)."""
+    attrs = {
+        "kind": str(getattr(message, "kind", "")),
+        "schema_version": str(getattr(message, "schema_version", SCHEMA_VERSION)),
+        "command_id": str(getattr(message, "command_id", "")),
+    }
+    deployment_id = getattr(message, "deployment_id", None)
+    if deployment_id:
+        attrs["deployment_id"] = str(deployment_id)
+    return attrs
+
+
+def decode_message(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+    """Parse one message or raise exactly one :class:`InvalidMessage`; never anything else."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > max_bytes:
+        raise InvalidMessage("<message>", f"is {len(raw)} bytes, over the {max_bytes}-byte limit", "send less data")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidMessage("<message>", "is not valid UTF-8", "encode the JSON body as UTF-8") from None
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidMessage("<message>", "is not valid JSON", "send one JSON object") from None
+    if not isinstance(payload, dict):
+        raise InvalidMessage("<message>", "is not a JSON object", "send one JSON object with a 'kind'")
+    kind = payload.get("kind")
+    if kind not in KINDS:
+        raise InvalidMessage("kind", f"{_short(kind)} is not a known kind", "one of: " + ", ".join(KINDS))
+    version = payload.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise InvalidMessage("schema_version", f"{_short(version)} is not supported", f"use {SCHEMA_VERSION!r}")
+    try:
+        return _MESSAGE_ADAPTER.validate_python(payload)
+    except ValidationError as exc:
+        raise _first_problem(exc, str(kind)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidMessage("<message>", f"could not be validated: {type(exc).__name__}") from None
+
+
+def _first_problem(exc: ValidationError, kind: str) -> InvalidMessage:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = [str(part) for part in error.get("loc", ())]
+    if loc and loc[0] == kind:
+        loc = loc[1:]
+    field = ".".join(loc) or "<message>"
+    problem = str(error.get("msg", "is invalid"))
+    if problem.startswith("Value error, "):
+        problem = problem[len("Value error, ") :]
+    fix = _FIXES.get(str(error.get("type", "")), "")
+    return InvalidMessage(field, problem, fix)
+
+
+_FIXES = {
+    "missing": "add the field",
+    "extra_forbidden": "remove the field: messages are closed",
+    "literal_error": "use one of the allowed values",
+    "string_pattern_mismatch": "match the pattern shown",
+    "greater_than_equal": "raise the value",
+    "less_than_equal": "lower the value",
+    "timezone_aware": "add a UTC offset, e.g. 2026-12-02T15:00:00Z",
+}
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,233 @@
+"""One ``Protocol`` per outside dependency. Services depend on these, adapters implement them.
+
+Every port has a Google Cloud adapter and an embedded default (DESIGN.md §5); both pass the
+same contract test suite in ``tests/adapters``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
+from shared.domain.models import (
+    BenchmarkRun,
+    CommandRecord,
+    DeploymentRecord,
+    Lease,
+    MonitorSample,
+    RejectedMessage,
+    ZoneMemoryEntry,
+)
+
+__all__ = [
+    "Clock",
+    "CommandBus",
+    "Delivery",
+    "Fence",
+    "Handler",
+    "SchedulerApi",
+    "SchedulerJob",
+    "SecretStore",
+    "StateStore",
+    "TpuApi",
+]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Wall time for records (UTC-aware) and a monotonic reading for durations."""
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease epoch a write must still hold: the store rejects the write if the lease moved on."""
+
+    lease_name: str
+    epoch: int
+
+
+class StateStore(Protocol):
+    """Deployments, the command ledger, leases, samples, benchmark runs and zone memory.
+
+    Writes that change a deployment are compare-and-set on ``version``; a lost race raises
+    :class:`~shared.domain.errors.ConflictError`, a stale fence raises
+    :class:`~shared.domain.errors.LeaseHeld`.
+    """
+
+    # Deployments
+    def get_deployment(self, deployment_id: str) -> DeploymentRecord | None: ...
+
+    def list_deployments(self, *, include_deleted: bool = False) -> list[DeploymentRecord]: ...
+
+    def put_deployment(
+        self, record: DeploymentRecord, *, expected_version: int | None, fence: Fence | None = None
+    ) -> DeploymentRecord:
+        """Create (``expected_version=None``: must not exist) or replace (version must match).
+
+        Returns the stored record with its new ``version``.
+        """
+        ...
+
+    # Command ledger (idempotency)
+    def record_command(self, record: CommandRecord) -> tuple[bool, CommandRecord]:
+        """Create-if-absent. Returns ``(created, stored)``; a duplicate returns ``(False, first)``."""
+        ...
+
+    def finish_command(self, command_id: str, status: str, outcome: str) -> None: ...
+
+    def get_command(self, command_id: str) -> CommandRecord | None: ...
+
+    def record_rejection(self, rejected: RejectedMessage) -> None: ...
+
+    def list_rejections(self, limit: int = 100) -> list[RejectedMessage]: ...
+
+    # Leases with fencing epochs
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, now: datetime) -> Lease | None:
+        """Take the lease if free, expired or already ours; the epoch grows on every acquisition."""
+        ...
+
+    def release_lease(self, name: str, holder: str, epoch: int) -> None: ...
+
+    # Monitor samples
+    def write_samples(self, samples: Sequence[MonitorSample]) -> None:
+        """All samples of one tick in one batched write."""
+        ...
+
+    def list_samples(
+        self, deployment_id: str, *, since: datetime | None = None, limit: int = 100
+    ) -> list[MonitorSample]:
+        """Newest first."""
+        ...
+
+    # Benchmark runs
+    def create_benchmark_run(self, run: BenchmarkRun) -> tuple[bool, BenchmarkRun]: ...
+
+    def update_benchmark_run(self, run: BenchmarkRun) -> None: ...
+
+    def get_benchmark_run(self, run_id: str) -> BenchmarkRun | None: ...
+
+    def list_benchmark_runs(self, deployment_id: str | None = None, limit: int = 100) -> list[BenchmarkRun]: ...
+
+    # Zone memory (shared by all deployments)
+    def list_zone_memory(self) -> list[ZoneMemoryEntry]: ...
+
+    def put_zone_memory(self, entry: ZoneMemoryEntry) -> None: ...
+
+    def delete_zone_memory(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of one message to one subscription; ``attempt`` starts at 1."""
+
+    message_id: str
+    data: bytes
+    attributes: Mapping[str, str]
+    attempt: int
+    subscription: str
+    ordering_key: str = ""
+    publish_time: datetime | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Delivery], None]
+"""Return to acknowledge; raise to have the message delivered again (with backoff)."""
+
+
+class CommandBus(Protocol):
+    """Topics and subscriptions with at-least-once delivery, redelivery on failure and dead letters."""
+
+    def ensure_topic(self, topic: str) -> None: ...
+
+    def ensure_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        filter: str | None = None,
+        dead_letter_topic: str | None = None,
+        max_delivery_attempts: int = 5,
+    ) -> None: ...
+
+    def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str], *, ordering_key: str | None = None
+    ) -> str:
+        """Publish one message; returns the bus's message id once it is durable."""
+        ...
+
+    def pull(self, subscription: str, handler: Handler, *, max_messages: int = 10, timeout_s: float = 1.0) -> int:
+        """Deliver up to ``max_messages`` to ``handler``: ack on return, nack on raise. Returns how many were acked."""
+        ...
+
+
+class SecretStore(Protocol):
+    """Secret values by name (Secret Manager; a 0600 file store locally). Values are never logged."""
+
+    def get(self, name: str) -> str | None: ...
+
+    def put(self, name: str, value: str) -> str:
+        """Store a new version; returns its version name (never the value)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SchedulerJob:
+    """A cron job that publishes a message on a topic."""
+
+    name: str
+    schedule: str
+    topic: str
+    data: bytes
+    paused: bool = False
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
+class SchedulerApi(Protocol):
+    """Cloud Scheduler (or the local ticker): jobs that publish on a cron."""
+
+    def upsert_job(self, job: SchedulerJob) -> None: ...
+
+    def get_job(self, name: str) -> SchedulerJob | None: ...
+
+    def list_jobs(self, prefix: str = "") -> list[SchedulerJob]: ...
+
+    def delete_job(self, name: str) -> None: ...
+
+    def pause_job(self, name: str) -> None: ...
+
+    def resume_job(self, name: str) -> None: ...
+
+
+class TpuApi(Protocol):
+    """Queued resources and nodes in one project. Every error is a classified ``CloudError``."""
+
+    def create(self, request: ProvisionRequest) -> OperationStatus:
+        """Ask for a slice; returns the (usually not done) operation. ALREADY_EXISTS raises CloudError."""
+        ...
+
+    def get_operation(self, name: str) -> OperationStatus: ...
+
+    def get(self, zone: str, resource_id: str) -> ObservedResource | None:
+        """None when the resource does not exist."""
+        ...
+
+    def list(self, zone: str = "-") -> list[ObservedResource]:
+        """Every queued resource and bare node in ``zone`` (``-`` = all zones)."""
+        ...
+
+    def delete(
+        self, zone: str, resource_id: str, *, force: bool, request_id: str | None = None
+    ) -> OperationStatus | None:
+        """Delete a resource (and with ``force`` its nodes). None when it was already gone."""
+        ...
+
+    def stop_node(self, zone: str, node_id: str) -> OperationStatus: ...
+
+    def start_node(self, zone: str, node_id: str) -> OperationStatus: ...
