@@ -8,6 +8,7 @@ CLIs strip ``additionalProperties`` from schemas: the consumer enforces it.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -49,7 +50,7 @@ class CreateDeployment(_DeploymentMessage):
     @model_validator(mode="after")
     def _same_id(self) -> CreateDeployment:
         if self.spec.deployment_id != self.deployment_id:
-            raise ValueError("spec.deployment_id must equal deployment_id")
+            raise ValueError("spec.deployment_id: must equal deployment_id")
         return self
 
 
@@ -63,7 +64,7 @@ class UpdateDeployment(_DeploymentMessage):
     @model_validator(mode="after")
     def _same_id(self) -> UpdateDeployment:
         if self.spec.deployment_id != self.deployment_id:
-            raise ValueError("spec.deployment_id must equal deployment_id")
+            raise ValueError("spec.deployment_id: must equal deployment_id")
         return self
 
 
@@ -288,8 +289,15 @@ def _first_problem(exc: ValidationError, kind: str) -> InvalidMessage:
     problem = str(error.get("msg", "is invalid"))
     if problem.startswith("Value error, "):
         problem = problem[len("Value error, ") :]
+    named = _NAMED_FIELD.match(problem)
+    if named:  # our validators say "field: problem" for cross-field rules
+        field = ".".join([*loc, named.group(1)])
+        problem = named.group(2)
     fix = _FIXES.get(str(error.get("type", "")), "")
     return InvalidMessage(field, problem, fix)
+
+
+_NAMED_FIELD = re.compile(r"^([a-z_][a-z0-9_.]*): (.+)$", re.DOTALL)
 
 
 _FIXES = {

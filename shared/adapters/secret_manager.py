@@ -1,0 +1,63 @@
+"""SecretStore on Google Secret Manager. Values are registered for log redaction as soon as they are seen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from shared.domain.errors import InvalidMessage, PermanentError, TransientError
+from shared.logging import register_secret
+
+__all__ = ["SecretManagerStore"]
+
+
+class SecretManagerStore:
+    """Reads the latest version; ``put`` adds a version (creating the secret if it is absent)."""
+
+    def __init__(self, project: str, client: Any | None = None) -> None:
+        self._project = project
+        self._client = client
+
+    def _api(self) -> Any:
+        if self._client is None:
+            from google.cloud import secretmanager
+
+            self._client = secretmanager.SecretManagerServiceClient()
+        return self._client
+
+    def get(self, name: str) -> str | None:
+        path = f"projects/{self._project}/secrets/{name}/versions/latest"
+        try:
+            response = self._api().access_secret_version(request={"name": path})
+        except gexc.NotFound:
+            return None
+        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError) as exc:
+            raise TransientError(f"Secret Manager unavailable reading {name}") from exc
+        except gexc.PermissionDenied as exc:
+            raise PermanentError(f"no permission to read secret {name}: grant secretAccessor on it") from exc
+        value = response.payload.data.decode("utf-8")
+        register_secret(value)
+        return value
+
+    def put(self, name: str, value: str) -> str:
+        if not value:
+            raise InvalidMessage("value", "is empty", "give the secret's value")
+        register_secret(value)
+        api = self._api()
+        parent = f"projects/{self._project}"
+        try:
+            api.create_secret(
+                request={"parent": parent, "secret_id": name, "secret": {"replication": {"automatic": {}}}}
+            )
+        except gexc.AlreadyExists:
+            pass
+        except gexc.PermissionDenied as exc:
+            raise PermanentError(f"no permission to create secret {name}") from exc
+        try:
+            version = api.add_secret_version(
+                request={"parent": f"{parent}/secrets/{name}", "payload": {"data": value.encode("utf-8")}}
+            )
+        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
+            raise TransientError(f"Secret Manager unavailable writing {name}") from exc
+        return str(version.name)
