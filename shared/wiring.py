@@ -89,7 +89,40 @@ class Runtime:
             return CloudSchedulerApi(self.project, self.settings.region)
         from shared.adapters.local_scheduler import LocalScheduler
 
-        return LocalScheduler(self._data / "scheduler.sqlite")
+        return LocalScheduler(self._data / "scheduler.sqlite", clock=self.clock)
+
+    @cached_property
+    def provisioner(self) -> Any:
+        """The provisioner service (shared/services/provisioner.py) on this runtime's ports."""
+        from shared.services.provisioner import Provisioner, ProvisionerSettings, reconcile_tick_job
+
+        settings = ProvisionerSettings(
+            lease_ttl_s=self.settings.lease_ttl_s, tick_job=reconcile_tick_job(self.topic("ticks"))
+        )
+        return Provisioner(self.store, self.tpu, self.clock, scheduler=self.scheduler, settings=settings)
+
+    @cached_property
+    def monitor(self) -> Any:
+        """The monitor service on this runtime's ports, probing with the vLLM API key from the secret store."""
+        from shared.adapters.vllm_probe import VllmProbe
+        from shared.services.monitor import Monitor, MonitorSettings
+
+        settings = MonitorSettings(
+            sample_ttl_days=self.settings.sample_ttl_days,
+            topic_commands=self.settings.topic_commands,
+            topic_events=self.settings.topic_events,
+            topic_ticks=self.settings.topic_ticks,
+        )
+        probe = VllmProbe(api_key=self.secrets.get(self.settings.vllm_api_key_secret))
+        return Monitor(self.store, probe, self.bus, self.clock, settings)
+
+    def close(self) -> None:
+        """Close every port built so far that holds connections (tests and the local runner call it)."""
+        for name in ("tpu", "store", "bus", "scheduler", "secrets"):
+            port = self.__dict__.get(name)
+            closer = getattr(port, "close", None)
+            if callable(closer):
+                closer()
 
     def topic(self, logical: str) -> str:
         """Map a logical topic (commands, ticks, events, node-tasks) to its configured name."""
