@@ -38,6 +38,10 @@ class Runtime:
 
     @cached_property
     def clock(self) -> Clock:
+        if self.settings.clock == "simulator" and self.settings.tpu_endpoint:
+            from shared.adapters.sim_clock import SimulatorClock
+
+            return SimulatorClock(self.settings.tpu_endpoint)
         from shared.adapters.clock import SystemClock
 
         return SystemClock()
@@ -63,7 +67,7 @@ class Runtime:
             return PubSubBus(self.project)
         from shared.adapters.local_bus import LocalBus
 
-        return LocalBus(self._data / "bus.sqlite")
+        return LocalBus(self._data / "bus.sqlite", clock=self.clock)
 
     @cached_property
     def secrets(self) -> SecretStore:
@@ -99,7 +103,21 @@ class Runtime:
         settings = ProvisionerSettings(
             lease_ttl_s=self.settings.lease_ttl_s, tick_job=reconcile_tick_job(self.topic("ticks"))
         )
-        return Provisioner(self.store, self.tpu, self.clock, scheduler=self.scheduler, settings=settings)
+        return Provisioner(
+            self.store, self.tpu, self.clock, scheduler=self.scheduler, settings=settings, startup_script=self.startup_script
+        )
+
+    def startup_script(self, spec: Any) -> str:
+        """The TPU VM startup script for a spec: secrets by reference only, vLLM bound for the firewalled port."""
+        from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+
+        environment = ServingEnvironment(
+            project=self.project,
+            hf_token_secret=self.settings.hf_token_secret,
+            api_key_secret=self.settings.vllm_api_key_secret,
+            bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
+        )
+        return str(build_serving_plan(spec, environment).startup_script())
 
     @cached_property
     def monitor(self) -> Any:

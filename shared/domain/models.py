@@ -25,6 +25,7 @@ __all__ = [
     "DeploymentSpec",
     "DeploymentStatus",
     "Desired",
+    "HealthThresholds",
     "Lease",
     "MonitorSample",
     "NodeState",
@@ -190,6 +191,22 @@ class ServingOptions(BaseModel):
     dtype: Literal["bfloat16", "fp8"] = Field(default="bfloat16", description="Weight dtype.")
 
 
+class HealthThresholds(BaseModel):
+    """When the monitor calls a deployment degraded, stalled or down, and when it heals (shared.domain.health)."""
+
+    model_config = _STRICT
+
+    boot_budget_s: float = Field(default=3600.0, gt=0, le=86400, description="No answer yet is BOOTING this long.")
+    stall_after_s: float = Field(default=120.0, gt=0, le=3600, description="Running but no progress this long.")
+    heal_after_s: float = Field(default=300.0, ge=0, le=86400, description="STALLED or DOWN this long: restart.")
+    ttft_p90_max_s: float = Field(default=2.0, gt=0, le=600, description="TTFT p90 SLO of one interval.")
+    itl_p90_max_s: float = Field(default=0.2, gt=0, le=60, description="Inter-token latency p90 SLO.")
+    kv_cache_usage_max: float = Field(default=0.9, gt=0, le=1, description="KV cache share counted as saturated.")
+    kv_saturated_after_s: float = Field(default=300.0, ge=0, le=86400, description="Saturated this long: DEGRADED.")
+    queued_after_s: float = Field(default=120.0, ge=0, le=86400, description="Requests waiting this long: DEGRADED.")
+    error_share_max: float = Field(default=0.05, ge=0, le=1, description="Share of error/abort finishes allowed.")
+
+
 class DeploymentSpec(BaseModel):
     """What the user wants running. Immutable; a change is a new generation."""
 
@@ -215,6 +232,7 @@ class DeploymentSpec(BaseModel):
     on_idle: Literal["stop", "delete"] = "stop"
     reservation_name: str | None = Field(default=None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
     serving: ServingOptions = Field(default_factory=ServingOptions)
+    health: HealthThresholds = Field(default_factory=HealthThresholds, description="Monitor thresholds.")
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentSpec:
@@ -228,8 +246,9 @@ class DeploymentSpec(BaseModel):
 
     @property
     def chips(self) -> int:
-        """Chips in one slice of this accelerator type (v6e-4 -> 4)."""
-        return int(self.accelerator.rsplit("-", 1)[1])
+        """Chips in one slice (v6e-4 -> 4). v5p names count TensorCores, two per chip (v5p-8 -> 4)."""
+        family, count = self.accelerator.rsplit("-", 1)
+        return int(count) // 2 if family == "v5p" else int(count)
 
 
 class ResourceRef(BaseModel):
@@ -249,6 +268,8 @@ class ResourceRef(BaseModel):
     endpoint: str | None = None
     created_at: UtcDateTime | None = None
     active_at: UtcDateTime | None = None
+    state_since: UtcDateTime | None = None  # when ``state`` last changed (stuck-provisioning detection)
+    delete_requested_at: UtcDateTime | None = None  # set before the delete call; the ref leaves once gone
 
 
 class AttemptLog(BaseModel):
@@ -280,6 +301,7 @@ class DeploymentStatus(BaseModel):
     next_attempt: int = 0
     slis: dict[str, float] = Field(default_factory=dict)
     spend_usd: float = 0.0
+    billed_until: UtcDateTime | None = None  # spend_usd covers ACTIVE time up to here
     phase_since: UtcDateTime | None = None
     serving_since: UtcDateTime | None = None
     last_request_at: UtcDateTime | None = None

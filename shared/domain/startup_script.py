@@ -1,0 +1,153 @@
+"""Render the TPU VM startup script from a launch and a few deployment values.
+
+Why: the script is the only code that runs on the VM before vLLM. Every value a user or a config can influence
+goes through ``shlex.quote`` into a values block at the top; the rest of the template is fixed text, so no input
+can change what the script does. Secrets are referenced by Secret Manager resource name only; the renderer
+never sees a secret value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shared.domain.errors import InvalidMessage
+from shared.domain.launch import API_KEY_MOUNT_DIR, KEY_WRAPPER, VllmLaunch
+from shared.domain.startup_script_template import TEMPLATE
+
+__all__ = [
+    "BOOT_LOG_PREFIX",
+    "BOOT_PHASES",
+    "GUEST_ATTRIBUTE_NAMESPACE",
+    "NODE_AGENT_MODULE",
+    "SECRET_RESOURCE_PATTERN",
+    "StartupScriptInputs",
+    "render_startup_script",
+    "secret_resource",
+    "values_block",
+]
+
+BOOT_LOG_PREFIX = "tpuctl-boot"
+GUEST_ATTRIBUTE_NAMESPACE = "tpuctl"  # guest attributes tpuctl/phase and tpuctl/detail
+BOOT_PHASES = (
+    "booting",
+    "installing",
+    "secrets",
+    "image",
+    "weights",
+    "starting",
+    "node-agent",
+    "compiling",
+    "serving",
+    "failed",
+)
+NODE_AGENT_MODULE = "shared.bench.node_agent"
+SECRET_RESOURCE_PATTERN = re.compile(
+    r"^projects/[a-z0-9-]{1,63}/secrets/[A-Za-z0-9_-]{1,255}/versions/([1-9][0-9]*|latest)$"
+)
+_SLOT = re.compile(r"@@[A-Z_]+@@")
+VALUES_START = "# ---- values (rendered; every value is shell-quoted) ----"
+VALUES_END = "# ---- end of values ----"
+
+
+def secret_resource(project: str, secret: str, version: str = "latest") -> str:
+    """``projects/P/secrets/S/versions/V``, checked, so the VM only ever holds a name."""
+    resource = f"projects/{project}/secrets/{secret}/versions/{version}"
+    if not SECRET_RESOURCE_PATTERN.fullmatch(resource):
+        raise InvalidMessage(
+            "secret", f"{resource!r} is not a Secret Manager version name", "projects/P/secrets/S/versions/N|latest"
+        )
+    return resource
+
+
+@dataclass(frozen=True, slots=True)
+class StartupScriptInputs:
+    """Everything the script needs. Plain strings: the renderer quotes each one; the plan validates them."""
+
+    deployment_id: str
+    launch: VllmLaunch
+    model: str
+    model_revision: str
+    hf_token_secret: str  # Secret Manager resource name, "" when the model needs no token
+    api_key_secret: str  # Secret Manager resource name
+    node_agent_requirement: str  # pip requirement for tpuctl on the VM, "" to skip the node agent
+    node_agent_env: tuple[tuple[str, str], ...] = ()
+    container_name: str = "tpuctl-vllm"
+
+
+def _check(field: str, value: str) -> str:
+    if "\x00" in value:
+        raise InvalidMessage(field, "contains a NUL byte", "remove it; bash strings cannot hold NUL")
+    return value
+
+
+def _quote(field: str, value: str) -> str:
+    return shlex.quote(_check(field, value))
+
+
+def _words(field: str, words: Iterable[str]) -> str:
+    return "\n".join(f"  {_quote(field, word)}" for word in words)
+
+
+def _env_flags(flag: str, field: str, pairs: Iterable[tuple[str, str]]) -> list[str]:
+    words: list[str] = []
+    for name, value in pairs:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise InvalidMessage(field, f"{name!r} is not an environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
+        words += [flag, f"{name}={value}"]
+    return words
+
+
+def plan_hash(launch: VllmLaunch, model_revision: str) -> str:
+    """A short digest of what the container runs: a changed hash means the container must be replaced."""
+    text = "\x1f".join((launch.image, *launch.argv, *(f"{k}={v}" for k, v in launch.env), model_revision))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _health_url(launch: VllmLaunch) -> str:
+    host = "127.0.0.1" if launch.host == "0.0.0.0" else launch.host
+    return f"http://{host}:{launch.port}/health"
+
+
+def render_startup_script(inputs: StartupScriptInputs) -> str:
+    """The bash startup script for one deployment."""
+    launch = inputs.launch
+    marker = "weights-" + hashlib.sha256(f"{inputs.model}\x1f{inputs.model_revision}".encode()).hexdigest()[:16]
+    values = {
+        "DEPLOYMENT_ID": _quote("deployment_id", inputs.deployment_id),
+        "PLAN_HASH": _quote("plan_hash", plan_hash(launch, inputs.model_revision)),
+        "IMAGE": _quote("image", launch.image),
+        "MODEL": _quote("model", inputs.model),
+        "MODEL_REVISION": _quote("model_revision", inputs.model_revision),
+        "HF_TOKEN_SECRET": _quote("hf_token_secret", inputs.hf_token_secret),
+        "API_KEY_SECRET": _quote("api_key_secret", inputs.api_key_secret),
+        "CONTAINER": _quote("container_name", inputs.container_name),
+        "HEALTH_URL": _quote("health_url", _health_url(launch)),
+        "READY_TIMEOUT_S": _quote("ready_timeout_s", str(launch.ready_timeout_s)),
+        "WEIGHTS_MARKER": _quote("weights_marker", marker),
+        "NODE_AGENT_REQUIREMENT": _quote("node_agent_requirement", inputs.node_agent_requirement),
+        "CONTAINER_HF_CACHE": _quote("hf_cache_dir", launch.hf_cache_dir),
+        "CONTAINER_VLLM_CACHE": _quote("vllm_cache_dir", launch.vllm_cache_dir),
+        "CONTAINER_KEY_DIR": _quote("api_key_dir", API_KEY_MOUNT_DIR),
+        "KEY_WRAPPER": _quote("key_wrapper", KEY_WRAPPER),
+        "KEY_WRAPPER_NAME": _quote("key_wrapper", launch.command[-1]),
+        "VLLM_ARGV": _words("argv", launch.argv),
+        "CONTAINER_ENV": _words("env", _env_flags("--env", "env", launch.env)),
+        "NODE_AGENT_ENV": _words("node_agent_env", _env_flags("--env", "node_agent_env", inputs.node_agent_env)),
+        "LOG_PREFIX": BOOT_LOG_PREFIX,
+    }
+    script = _SLOT.sub(lambda match: values[match.group(0)[2:-2]], TEMPLATE)
+    leftover = _SLOT.search(script)
+    if leftover:
+        raise ValueError(f"startup script template: slot {leftover.group(0)} has no value")
+    return script
+
+
+def values_block(script: str) -> str:
+    """The rendered values block (assignments only): what tests evaluate in bash to prove the quoting."""
+    start = script.index(VALUES_START)
+    end = script.index(VALUES_END)
+    return script[start:end]

@@ -1,0 +1,239 @@
+"""The TPU VM startup script template (bash); ``shared.domain.startup_script`` fills the ``@@NAME@@`` slots.
+
+Kept as a string constant so it ships with the domain package without package-data configuration and is read
+without I/O. Only the values block at the top takes rendered text; everything else is fixed.
+"""
+
+TEMPLATE = r"""#!/bin/bash
+# tpuctl startup script, rendered from the serving plan by shared/domain/startup_script.py; do not edit on the VM.
+# Runs as root on every boot and is safe to run again. Secrets are read from Secret Manager with the VM's own
+# service account straight into files on tmpfs (mode 0400): they never enter a shell variable, an argv, a
+# container's configured environment, metadata or this log. There is no `set -x` anywhere in this script.
+set -euo pipefail
+umask 077
+
+# ---- values (rendered; every value is shell-quoted) ----
+DEPLOYMENT_ID=@@DEPLOYMENT_ID@@
+PLAN_HASH=@@PLAN_HASH@@
+IMAGE=@@IMAGE@@
+MODEL=@@MODEL@@
+MODEL_REVISION=@@MODEL_REVISION@@
+HF_TOKEN_SECRET=@@HF_TOKEN_SECRET@@
+API_KEY_SECRET=@@API_KEY_SECRET@@
+CONTAINER=@@CONTAINER@@
+HEALTH_URL=@@HEALTH_URL@@
+READY_TIMEOUT_S=@@READY_TIMEOUT_S@@
+WEIGHTS_MARKER=@@WEIGHTS_MARKER@@
+NODE_AGENT_REQUIREMENT=@@NODE_AGENT_REQUIREMENT@@
+CONTAINER_HF_CACHE=@@CONTAINER_HF_CACHE@@
+CONTAINER_VLLM_CACHE=@@CONTAINER_VLLM_CACHE@@
+CONTAINER_KEY_DIR=@@CONTAINER_KEY_DIR@@
+# shellcheck disable=SC2016  # the wrapper's $-expressions are for the container's /bin/sh, not for this shell
+KEY_WRAPPER=@@KEY_WRAPPER@@
+KEY_WRAPPER_NAME=@@KEY_WRAPPER_NAME@@
+VLLM_ARGV=(
+@@VLLM_ARGV@@
+)
+CONTAINER_ENV=(
+@@CONTAINER_ENV@@
+)
+NODE_AGENT_ENV=(
+@@NODE_AGENT_ENV@@
+)
+# ---- end of values ----
+readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
+readonly READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_REQUIREMENT CONTAINER_HF_CACHE CONTAINER_VLLM_CACHE
+readonly CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
+
+# Persistent caches live on the boot disk and are reused after a reboot; secrets live on tmpfs (/run).
+readonly STATE_DIR=/var/lib/tpuctl
+readonly HF_CACHE="${STATE_DIR}/hf"
+readonly VLLM_CACHE="${STATE_DIR}/vllm"
+readonly AGENT_DIR="${STATE_DIR}/node-agent"
+readonly SECRETS_DIR=/run/tpuctl
+readonly SERVING_SECRETS="${SECRETS_DIR}/serving"
+readonly DOWNLOAD_SECRETS="${SECRETS_DIR}/download"
+readonly BOOT_LOG=/var/log/tpuctl-boot.log
+readonly GUEST_ATTRIBUTES=http://metadata.google.internal/computeMetadata/v1/instance/guest-attributes/tpuctl
+readonly AGENT_CONTAINER=tpuctl-node-agent
+# Runs inside the download container; the model id and revision arrive as argv words, never as code.
+readonly DOWNLOAD_PY='import sys
+from huggingface_hub import snapshot_download
+path = snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None)
+print("@@LOG_PREFIX@@ weights=" + path)'
+
+log() {
+  printf '%s @@LOG_PREFIX@@ deployment=%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${DEPLOYMENT_ID}" "$*" \
+    | tee -a "${BOOT_LOG}"
+}
+
+# Boot progress for the monitor: a log line (serial console, journal) and guest attributes tpuctl/phase, /detail.
+progress() {
+  log "phase=$1 detail=$2"
+  curl -s -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary "$1" "${GUEST_ATTRIBUTES}/phase" \
+    >/dev/null 2>&1 || true
+  curl -s -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary "$2" "${GUEST_ATTRIBUTES}/detail" \
+    >/dev/null 2>&1 || true
+}
+
+on_error() {
+  progress failed "line $1 exit $2"
+}
+
+cleanup() {
+  rm -rf "${DOWNLOAD_SECRETS}"
+}
+
+trap 'on_error "${LINENO}" "$?"' ERR
+trap cleanup EXIT
+
+# retry ATTEMPTS DELAY_S COMMAND...: exponential backoff; logs the command name only, never its arguments.
+retry() {
+  local attempts=$1 delay=$2 n=1
+  shift 2
+  until "$@"; do
+    if ((n >= attempts)); then
+      return 1
+    fi
+    log "retry=${n}/${attempts} command=$1 wait=${delay}s"
+    sleep "${delay}"
+    n=$((n + 1))
+    delay=$((delay * 2))
+  done
+}
+
+# fetch_secret RESOURCE OUT_FILE: metadata-server token -> Secret Manager :access -> file (0400), all inside Python.
+fetch_secret() {
+  rm -f "$2.tmp"
+  python3 - "$1" "$2.tmp" <<'PY'
+import base64, json, os, sys, urllib.request
+
+resource, out = sys.argv[1], sys.argv[2]
+metadata = urllib.request.Request(
+    "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
+    headers={"Metadata-Flavor": "Google"},
+)
+with urllib.request.urlopen(metadata, timeout=10) as response:
+    access = json.load(response)["access_token"]
+request = urllib.request.Request(
+    "https://secretmanager.googleapis.com/v1/" + resource + ":access",
+    headers={"Authorization": "Bearer " + access},
+)
+with urllib.request.urlopen(request, timeout=30) as response:
+    payload = base64.b64decode(json.load(response)["payload"]["data"])
+descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+with os.fdopen(descriptor, "wb") as handle:
+    handle.write(payload)
+PY
+  mv -f "$2.tmp" "$2"
+}
+
+ensure_docker() {
+  if command -v docker >/dev/null 2>&1; then
+    return 0
+  fi
+  progress installing docker.io
+  export DEBIAN_FRONTEND=noninteractive
+  retry 5 10 apt-get update -q
+  retry 5 10 apt-get install -y -q docker.io
+}
+
+# Weights are fetched once onto the host disk by a short-lived container of the pinned image (its
+# huggingface_hub reads the token file via HF_TOKEN_PATH); the token file is deleted right after.
+download_weights() {
+  if [[ -f "${STATE_DIR}/${WEIGHTS_MARKER}" ]]; then
+    progress weights cached
+    return 0
+  fi
+  progress weights downloading
+  install -d -m 0700 "${DOWNLOAD_SECRETS}"
+  if [[ -n "${HF_TOKEN_SECRET}" ]]; then
+    retry 5 5 fetch_secret "${HF_TOKEN_SECRET}" "${DOWNLOAD_SECRETS}/hf-token"
+  fi
+  retry 3 30 docker run --rm --name "${CONTAINER}-download" --net=host \
+    -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${DOWNLOAD_SECRETS}:/run/secrets/tpuctl-download:ro" \
+    --env "HF_HOME=${CONTAINER_HF_CACHE}" --env HF_TOKEN_PATH=/run/secrets/tpuctl-download/hf-token \
+    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}"
+  rm -rf "${DOWNLOAD_SECRETS}"
+  touch "${STATE_DIR}/${WEIGHTS_MARKER}"
+  progress weights downloaded
+}
+
+# The serving container runs offline, restarts on failure, and is replaced only when the plan changed.
+start_vllm() {
+  local running_plan
+  running_plan="$(docker inspect --format '{{ index .Config.Labels "tpuctl.plan-hash" }}' "${CONTAINER}" \
+    2>/dev/null || true)"
+  if [[ "${running_plan}" == "${PLAN_HASH}" ]] && curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
+    progress starting "container already serving this plan"
+    return 0
+  fi
+  docker rm -f "${CONTAINER}" >/dev/null 2>&1 || true
+  progress starting container
+  docker run -d --name "${CONTAINER}" \
+    --label "tpuctl.deployment=${DEPLOYMENT_ID}" --label "tpuctl.plan-hash=${PLAN_HASH}" \
+    --restart unless-stopped --privileged --net=host --shm-size 16g \
+    -v /dev/shm:/dev/shm -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${VLLM_CACHE}:${CONTAINER_VLLM_CACHE}" \
+    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" \
+    "${CONTAINER_ENV[@]}" --entrypoint /bin/sh "${IMAGE}" -c "${KEY_WRAPPER}" "${KEY_WRAPPER_NAME}" "${VLLM_ARGV[@]}" \
+    >/dev/null
+}
+
+# The node agent (python -m shared.bench.node_agent) runs from the pinned image's Python with tpuctl
+# installed into a host directory; it reads the API key from the same mounted file as vLLM.
+start_node_agent() {
+  if [[ -z "${NODE_AGENT_REQUIREMENT}" ]]; then
+    progress node-agent "not configured"
+    return 0
+  fi
+  if [[ ! -f "${AGENT_DIR}/installed" || "$(cat "${AGENT_DIR}/installed")" != "${NODE_AGENT_REQUIREMENT}" ]]; then
+    rm -rf "${AGENT_DIR:?}/lib"
+    retry 3 10 docker run --rm --net=host -v "${AGENT_DIR}:/opt/tpuctl" --entrypoint python3 "${IMAGE}" \
+      -m pip install --quiet --disable-pip-version-check --target /opt/tpuctl/lib "${NODE_AGENT_REQUIREMENT}"
+    printf '%s' "${NODE_AGENT_REQUIREMENT}" >"${AGENT_DIR}/installed"
+  fi
+  docker rm -f "${AGENT_CONTAINER}" >/dev/null 2>&1 || true
+  docker run -d --name "${AGENT_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
+    --restart unless-stopped --net=host -v "${AGENT_DIR}:/opt/tpuctl:ro" \
+    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" --env PYTHONPATH=/opt/tpuctl/lib "${NODE_AGENT_ENV[@]}" \
+    --entrypoint python3 "${IMAGE}" -m shared.bench.node_agent >/dev/null
+  progress node-agent started
+}
+
+wait_until_serving() {
+  local waited=0 seen="" state
+  while ((waited < READY_TIMEOUT_S)); do
+    if curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
+      progress serving "health 200 after ${waited}s"
+      return 0
+    fi
+    state="$(docker inspect --format '{{.State.Status}} restarts={{.RestartCount}}' "${CONTAINER}" \
+      2>/dev/null || echo missing)"
+    if [[ "${state}" != "${seen}" ]]; then
+      progress compiling "container ${state}"
+      seen="${state}"
+    fi
+    sleep 10
+    waited=$((waited + 10))
+  done
+  progress failed "no health 200 after ${READY_TIMEOUT_S}s"
+  return 1
+}
+
+main() {
+  install -d -m 0755 "${STATE_DIR}" "${HF_CACHE}" "${VLLM_CACHE}" "${AGENT_DIR}"
+  install -d -m 0700 "${SECRETS_DIR}" "${SERVING_SECRETS}"
+  progress booting "plan ${PLAN_HASH}"
+  ensure_docker
+  progress secrets "reading the vLLM API key"
+  retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key"
+  progress image pulling
+  retry 5 20 docker pull -q "${IMAGE}" >/dev/null
+  download_weights
+  start_vllm
+  start_node_agent
+  wait_until_serving
+}
+
+main "$@"
+"""

@@ -1,0 +1,225 @@
+"""The TPU VM startup script: rendered for every preset and slice, shell-safe, secret-free, bash-clean."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.domain.errors import InvalidMessage
+from shared.domain.launch import EngineConfig, build_launch
+from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, DeploymentSpec
+from shared.domain.serving_plan import ServingEnvironment, ServingPlan, build_serving_plan
+from shared.domain.startup_script import (
+    BOOT_LOG_PREFIX,
+    NODE_AGENT_MODULE,
+    StartupScriptInputs,
+    plan_hash,
+    render_startup_script,
+    secret_resource,
+    values_block,
+)
+
+ENVIRONMENT = ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl==0.1.0")
+CANARIES = ("hf_CanaryTokenDoNotLeak0123456789", "sk-canary-api-key-7f3a")
+SECRET_PATTERNS = (re.compile(r"hf_[A-Za-z0-9]{20,}"), re.compile(r"sk-[A-Za-z0-9-]{10,}"))
+
+
+def plan_for(model: str, accelerator: str) -> ServingPlan:
+    spec = DeploymentSpec(deployment_id="script-check", model=model, accelerator=accelerator, zones=("us-east5-b",))
+    return build_serving_plan(spec, ENVIRONMENT)
+
+
+def bash_syntax_ok(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=10, check=False)
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATOR_TYPES)
+@pytest.mark.parametrize("model", MODEL_PRESET_NAMES)
+def test_every_preset_and_slice_renders_a_bash_clean_secret_free_script(model: str, accelerator: str) -> None:
+    plan = plan_for(model, accelerator)
+    script = plan.startup_script()
+    checked = bash_syntax_ok(script)
+    assert checked.returncode == 0, checked.stderr
+    assert not re.search(r"^\s*set\s+-[a-z]*x|set\s+-o\s+xtrace|\bxtrace\b", script, re.MULTILINE)
+    assert "@@" not in script
+    assert "latest" not in script.replace("/versions/latest", "")
+    assert "nightly" not in script
+    for canary in CANARIES:
+        assert canary not in script
+    for pattern in SECRET_PATTERNS:
+        assert not pattern.search(script)
+    assert "--api-key" not in script and "HF_TOKEN=" not in script and "-e HF_TOKEN" not in script
+    assert plan.hf_token_resource in script and plan.api_key_resource in script
+    assert "HF_HUB_OFFLINE=1" in script
+    assert "--restart unless-stopped" in script
+    assert f"-m {NODE_AGENT_MODULE}" in script
+    assert plan.plan_hash in script
+
+
+def test_the_script_keeps_secrets_on_tmpfs_and_caches_on_disk() -> None:
+    script = plan_for("gemma-4-26b-a4b", "v6e-4").startup_script()
+    assert "readonly SECRETS_DIR=/run/tpuctl" in script
+    assert "0o400" in script and "umask 077" in script
+    assert "readonly STATE_DIR=/var/lib/tpuctl" in script
+    assert "guest-attributes/tpuctl" in script
+    assert f"{BOOT_LOG_PREFIX} deployment=" in script
+    assert "service-accounts/default/token" in script
+    assert "secretmanager.googleapis.com/v1/" in script
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)"
+)
+def test_shellcheck_finds_nothing_in_rendered_scripts(tmp_path: Path) -> None:
+    paths = []
+    for model, accelerator in zip(
+        MODEL_PRESET_NAMES, ("v6e-1", "v6e-4", "v6e-8", "v5litepod-4", "v5p-8", "v6e-1"), strict=True
+    ):
+        path = tmp_path / f"{model}-{accelerator}.sh"
+        path.write_text(plan_for(model, accelerator).startup_script())
+        paths.append(str(path))
+    result = subprocess.run(["shellcheck", "--severity=style", *paths], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+_HOSTILE = st.one_of(
+    _TEXT,
+    st.sampled_from(["$(touch pwned)", "`touch pwned`", "'; touch pwned; '", '"$HOME"', "a\nb", "\\", "${IFS}", "-e"]),
+)
+
+
+def _evaluate_values(script: str, tmp_path: Path) -> list[str]:
+    """Run the rendered values block in real bash and read every value back, NUL-separated."""
+    names = [
+        "DEPLOYMENT_ID",
+        "MODEL",
+        "MODEL_REVISION",
+        "HF_TOKEN_SECRET",
+        "API_KEY_SECRET",
+        "NODE_AGENT_REQUIREMENT",
+        "CONTAINER",
+    ]
+    quoted = " ".join(f'"${{{name}}}"' for name in names)
+    reader = (
+        f'printf "%s\\0" {quoted}\n'
+        'printf "%s\\0" ARGV "${VLLM_ARGV[@]}" ENV "${CONTAINER_ENV[@]}" AGENT "${NODE_AGENT_ENV[@]}"\n'
+    )
+    result = subprocess.run(
+        ["bash", "-c", values_block(script) + "\n" + reader],
+        capture_output=True,
+        timeout=10,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    deployment_id=_HOSTILE,
+    model=_HOSTILE,
+    revision=_HOSTILE,
+    secret=_HOSTILE,
+    requirement=_HOSTILE,
+    served=_HOSTILE,
+    env_value=_HOSTILE,
+)
+def test_every_user_provided_value_reaches_bash_verbatim(
+    tmp_path: Path,
+    deployment_id: str,
+    model: str,
+    revision: str,
+    secret: str,
+    requirement: str,
+    served: str,
+    env_value: str,
+) -> None:
+    launch = build_launch(
+        EngineConfig(
+            model=model,
+            served_name=served,
+            tensor_parallel=1,
+            max_model_len=4096,
+            max_num_seqs=8,
+            max_num_batched_tokens=4096,
+            gpu_memory_utilization=0.9,
+            kv_cache_dtype="auto",
+            weight_dtype="fp8",
+            block_size=32,
+            revision=revision or None,
+            fp8_env=(("EXTRA_VALUE", env_value),),
+        )
+    )
+    inputs = StartupScriptInputs(
+        deployment_id=deployment_id,
+        launch=launch,
+        model=model,
+        model_revision=revision,
+        hf_token_secret=secret,
+        api_key_secret=secret + "-key",
+        node_agent_requirement=requirement,
+        node_agent_env=(("TPUCTL_DEPLOYMENT_ID", deployment_id),),
+        container_name="tpuctl-vllm",
+    )
+    script = render_startup_script(inputs)
+    values = _evaluate_values(script, tmp_path)
+    assert values[:7] == [deployment_id, model, revision, secret, secret + "-key", requirement, "tpuctl-vllm"]
+    argv_at, env_at, agent_at = values.index("ARGV"), values.index("ENV"), values.index("AGENT")
+    assert tuple(values[argv_at + 1 : env_at]) == launch.argv
+    assert f"EXTRA_VALUE={env_value}" in values[env_at + 1 : agent_at]
+    assert values[agent_at + 1 :] == ["--env", f"TPUCTL_DEPLOYMENT_ID={deployment_id}"]
+    assert not (tmp_path / "pwned").exists()
+    assert bash_syntax_ok(script).returncode == 0
+
+
+@pytest.mark.parametrize("field", ["deployment_id", "model", "node_agent_requirement"])
+def test_a_nul_byte_is_refused_naming_the_field(field: str) -> None:
+    base = plan_for("tiny-llama", "v6e-1")
+    values = {
+        "deployment_id": "ok",
+        "launch": base.launch,
+        "model": "m",
+        "model_revision": "",
+        "hf_token_secret": "",
+        "api_key_secret": base.api_key_resource,
+        "node_agent_requirement": "",
+    }
+    values[field] = "bad\x00value"
+    with pytest.raises(InvalidMessage) as raised:
+        render_startup_script(StartupScriptInputs(**values))  # type: ignore[arg-type]
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: ServingEnvironment(project="p; rm -rf /"), "project"),
+        (
+            lambda: ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl; curl x|sh"),
+            "node_agent_requirement",
+        ),
+        (lambda: secret_resource("tpuctl-test", "hf token"), "secret"),
+        (lambda: secret_resource("tpuctl-test", "hf-token", "latest/../../x"), "secret"),
+    ],
+)
+def test_plan_level_values_are_validated_before_rendering(call: object, field: str) -> None:
+    with pytest.raises(InvalidMessage) as raised:
+        call()  # type: ignore[operator]
+    assert raised.value.field == field
+
+
+def test_the_plan_hash_changes_exactly_when_the_launch_changes() -> None:
+    first = plan_for("gemma-4-31b", "v6e-4")
+    again = plan_for("gemma-4-31b", "v6e-4")
+    other = plan_for("gemma-4-31b", "v6e-8")
+    assert first.plan_hash == again.plan_hash
+    assert first.plan_hash != other.plan_hash
+    assert plan_hash(first.launch, "") != plan_hash(first.launch, "abc123")
