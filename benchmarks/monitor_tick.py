@@ -1,0 +1,213 @@
+"""The monitor's cost: one tick over many deployments, the /metrics parse, and the function's cold import.
+
+Run: ``.venv/bin/python -m benchmarks.monitor_tick [--deployments 200] [--repeats 5]``
+
+* Tick: N deployments, each a path prefix on one local endpoint (a separate process) replaying the real
+  56 KB ``/metrics`` capture of vLLM 0.32.0 plus its ``/health``, ``/v1/models`` and ``/version``; the real
+  ``VllmProbe`` (httpx), the embedded ``SqliteStateStore`` and ``LocalBus``. The first tick moves every deployment
+  BOOTING -> SERVING (N record writes); the following ticks are the steady state. Wall time per tick and the
+  state-store writes per tick (batched sample writes, record writes) are printed.
+* Parse: ``parse_metrics`` on the real capture (family filter + ``prometheus_client`` parser + reduction), and
+  the unfiltered ``prometheus_client`` parse for comparison.
+* Import: a fresh interpreter importing ``functions.monitor.main`` (the Cloud Function's cold start), the same
+  plus building the monitor from the wiring (what the first tick pays on top), and the service + probe alone.
+
+Targets (issue 5): tick under 2 s on 2 cores, one batched write per tick, parse under 5 ms, import under 800 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.adapters.clock import ManualClock
+from shared.adapters.local_bus import LocalBus
+from shared.adapters.sqlite_store import SqliteStateStore
+from shared.adapters.vllm_probe import VllmProbe, parse_metrics
+from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, MonitorSample, Phase
+from shared.services.monitor import Monitor, MonitorSettings
+
+REPO = Path(__file__).resolve().parents[1]
+CAPTURE = REPO / "tests" / "fixtures" / "vllm" / "real_vllm_metrics.txt"
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+class CountingStore(SqliteStateStore):
+    """The SQLite store, counting the writes a tick makes."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.sample_batches = 0
+        self.record_writes = 0
+
+    def write_samples(self, samples: Sequence[MonitorSample]) -> None:
+        self.sample_batches += 1
+        super().write_samples(samples)
+
+    def put_deployment(self, record: DeploymentRecord, *, expected_version: int | None, fence: Any = None) -> Any:
+        self.record_writes += 1
+        return super().put_deployment(record, expected_version=expected_version, fence=fence)
+
+    def reset_counts(self) -> None:
+        self.sample_batches = 0
+        self.record_writes = 0
+
+
+def bench_parse(repeats: int) -> dict[str, float]:
+    text = CAPTURE.read_text(encoding="utf-8")
+    filtered, full = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        parse_metrics(text)
+        filtered.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        for family in text_string_to_metric_families(text):
+            list(family.samples)
+        full.append((time.perf_counter() - started) * 1000)
+    filtered.sort()
+    return {
+        "bytes": len(text.encode()),
+        "parse_median_ms": statistics.median(filtered),
+        "parse_p90_ms": filtered[int(0.9 * (len(filtered) - 1))],
+        "parse_min_ms": filtered[0],
+        "unfiltered_prometheus_client_median_ms": statistics.median(full),
+    }
+
+
+def bench_import(statement: str, repeats: int) -> dict[str, float]:
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    env = {**os.environ, "TPUCTL_DATA_DIR": tempfile.mkdtemp(prefix="tpuctl-bench-"), "PYTHONDONTWRITEBYTECODE": "0"}
+    times = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True, timeout=60
+        )
+        times.append(float(out.stdout.strip().splitlines()[-1]) * 1000)
+    times.sort()
+    return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1]}
+
+
+def bench_tick(deployments: int, repeats: int, concurrency: int) -> dict[str, Any]:
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.vllm_replay"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert replay.stdout is not None
+        port = int(replay.stdout.readline().strip())
+        with tempfile.TemporaryDirectory(prefix="tpuctl-monitor-bench-") as tmp:
+            store = CountingStore(Path(tmp) / "state.db")
+            clock = ManualClock(T0)
+            bus = LocalBus(Path(tmp) / "bus.db", clock=clock)
+            settings = MonitorSettings(max_concurrency=concurrency)
+            for topic in (settings.topic_commands, settings.topic_events, settings.topic_ticks):
+                bus.ensure_topic(topic)
+                bus.ensure_subscription(topic, topic + "-sink")
+            for index in range(deployments):
+                name = f"bench-{index:04d}"
+                store.put_deployment(
+                    DeploymentRecord(
+                        deployment_id=name,
+                        spec=DeploymentSpec(
+                            deployment_id=name, model="tiny-llama", accelerator="v6e-1", zones=("us-east5-b",)
+                        ),
+                        status=DeploymentStatus(
+                            phase=Phase.BOOTING, phase_since=T0, endpoint=f"http://127.0.0.1:{port}/d/{name}"
+                        ),
+                        created_at=T0,
+                        updated_at=T0,
+                    ),
+                    expected_version=None,
+                )
+            monitor = Monitor(store, VllmProbe(timeout_s=5.0), bus, clock, settings)
+            rows = []
+            for index in range(repeats + 1):
+                clock.advance(60)
+                store.reset_counts()
+                started = time.perf_counter()
+                cpu_started = time.process_time()
+                report = monitor.tick()
+                wall = time.perf_counter() - started
+                cpu = time.process_time() - cpu_started
+                ok = sum(1 for d in report.deployments if d.probe == "ok")
+                rows.append(
+                    {
+                        "tick": "first (BOOTING->SERVING)" if index == 0 else "steady",
+                        "wall_s": wall,
+                        "cpu_s": cpu,
+                        "probed_ok": ok,
+                        "sample_batches": store.sample_batches,
+                        "samples": report.samples_written,
+                        "record_writes": store.record_writes,
+                        "published": len(report.published),
+                    }
+                )
+            bus.close()
+            store.close()
+        return {"deployments": deployments, "concurrency": concurrency, "ticks": rows}
+    finally:
+        if replay.stdin is not None:
+            replay.stdin.close()
+        try:
+            replay.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            replay.kill()
+            replay.wait(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--deployments", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5, help="Steady-state ticks after the first one.")
+    parser.add_argument("--concurrency", type=int, default=MonitorSettings().max_concurrency)
+    args = parser.parse_args(argv)
+
+    parse = bench_parse(300)
+    print(
+        f"parse /metrics ({parse['bytes']} bytes): median {parse['parse_median_ms']:.2f} ms, "
+        f"p90 {parse['parse_p90_ms']:.2f} ms, min {parse['parse_min_ms']:.2f} ms "
+        f"(unfiltered prometheus_client parse: median {parse['unfiltered_prometheus_client_median_ms']:.2f} ms)"
+    )
+    for label, statement in (
+        ("import functions.monitor.main", "import functions.monitor.main"),
+        (
+            "import functions.monitor.main + build the monitor (first call)",
+            "import functions.monitor.main; from shared.wiring import runtime; runtime().monitor",
+        ),
+        ("import shared.services.monitor + vllm_probe", "import shared.services.monitor, shared.adapters.vllm_probe"),
+    ):
+        imported = bench_import(statement, 7)
+        print(
+            f"cold {label}: median {imported['median_ms']:.0f} ms "
+            f"(min {imported['min_ms']:.0f}, max {imported['max_ms']:.0f})"
+        )
+    tick = bench_tick(args.deployments, args.repeats, args.concurrency)
+    print(f"tick over {tick['deployments']} deployments, probe concurrency {tick['concurrency']}:")
+    for row in tick["ticks"]:
+        print(
+            f"  {row['tick']:<26} wall {row['wall_s']:.2f} s, monitor CPU {row['cpu_s']:.2f} s, "
+            f"ok {row['probed_ok']}, {row['samples']} samples in {row['sample_batches']} batch(es), "
+            f"{row['record_writes']} record write(s), {row['published']} message(s)"
+        )
+    steady = [row["wall_s"] for row in tick["ticks"][1:]]
+    if steady:
+        print(f"  steady wall: median {statistics.median(steady):.2f} s, min {min(steady):.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

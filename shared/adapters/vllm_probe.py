@@ -1,0 +1,228 @@
+"""The vLLM probe (httpx, async): ``/health``, ``/v1/models``, ``/version`` and ``/metrics`` of one server.
+
+Why its own adapter: the monitor must tell "not up yet" (connection refused) from "hung" (timeout), "wrong key"
+(401) and "engine dead" (503), and must read metrics with a real Prometheus parser. This is the only module that
+speaks HTTP to vLLM for the monitor; everything it returns is a domain value (:class:`ProbeResult`).
+
+* Network trouble never raises: it becomes an :class:`EndpointCheck` with a :class:`ProbeOutcome`.
+* The API key (if any) goes only to ``/v1/*`` as ``Authorization: Bearer``; ``/health``, ``/metrics`` and
+  ``/version`` are open even with ``--api-key``. The key is registered for log redaction and never printed.
+* ``/metrics`` is fetched with a plain ``Accept`` (no OpenMetrics negotiation). Before parsing, lines of families
+  the derivations do not use (``cache_config_info`` with its 37 labels, ``python_*``, ...) are dropped; the
+  remaining text goes through ``prometheus_client.parser.text_string_to_metric_families`` unchanged.
+* ``/version`` rarely changes, so it is cached per endpoint for ``version_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.domain.health import EndpointCheck, ProbeOutcome, ProbeResult
+from shared.domain.metrics import COUNT_ONLY_FAMILIES, WANTED_FAMILIES, MetricsSnapshot, snapshot_from_samples
+from shared.logging import register_secret
+
+__all__ = ["VllmProbe", "parse_metrics", "relevant_metric_lines"]
+
+_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count")
+_SUCCESS_CREATED = "vllm:request_success_created"
+
+
+def _family(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def relevant_metric_lines(text: str) -> Iterator[str]:
+    """TYPE and sample lines of the families in ``WANTED_FAMILIES``: the only lines the parser is given.
+
+    HELP lines, ``*_created`` series (except ``vllm:request_success_created``, which identifies the server
+    process for restart detection) and the buckets of count-only histograms are dropped: none is read.
+    """
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] == "TYPE" and _wanted(parts[2]):
+                yield line
+            continue
+        end = len(line)
+        for separator in ("{", " "):
+            position = line.find(separator)
+            if 0 <= position < end:
+                end = position
+        if _wanted(line[:end]):
+            yield line
+
+
+def _wanted(name: str) -> bool:
+    if name.endswith("_created"):
+        return name == _SUCCESS_CREATED
+    family = _family(name)
+    if name.endswith("_bucket") and family in COUNT_ONLY_FAMILIES:
+        return False
+    return family in WANTED_FAMILIES
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    """Prometheus text (format 0.0.4) -> :class:`MetricsSnapshot`. Raises ``ValueError`` on malformed input."""
+    kept = "\n".join(relevant_metric_lines(text)) + "\n"
+    samples = (
+        (sample.name, sample.labels, float(sample.value))
+        for family in text_string_to_metric_families(kept)
+        for sample in family.samples
+    )
+    return snapshot_from_samples(samples)
+
+
+class VllmProbe:
+    """Implements the ``ServingProbe`` port over httpx. One instance serves many endpoints and event loops.
+
+    Each probe opens its own one-connection client (cheap: the TLS context is built once and shared) and
+    closes it before returning: one shared pool for a whole tick costs more CPU than it saves, because httpx
+    rescans every pooled connection on each request, and endpoints are different hosts anyway.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 3.0,
+        connect_timeout_s: float = 1.0,
+        version_ttl_s: float = 600.0,
+    ) -> None:
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError("timeout_s, connect_timeout_s: must be > 0 seconds")
+        register_secret(api_key)
+        self._api_key = api_key or None
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._version_ttl_s = version_ttl_s
+        self._versions: dict[str, tuple[float, str]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def __repr__(self) -> str:
+        return f"VllmProbe(api_key={'set' if self._api_key else 'unset'}, timeout={self._timeout.read}s)"
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()  # about 25 ms: once per process, not per probe
+        return httpx.AsyncClient(
+            timeout=self._timeout,
+            verify=self._tls,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1"},
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    async def probe(self, base_url: str) -> ProbeResult:
+        """Probe one server. ``/health`` first; the other three only when it answered 200."""
+        base = base_url.rstrip("/")
+        async with self._client() as client:
+            health, _ = await _get(client, base, "/health")
+            if health.outcome is not ProbeOutcome.OK:
+                return ProbeResult(base_url=base, health=health)
+            # One after the other on the kept-alive connection: the tick already probes many servers at once.
+            models, models_body = await _get(client, base, "/v1/models", self._auth())
+            metrics_check, metrics_text = await _get(client, base, "/metrics")
+            version = await self._version(client, base)
+        served, max_model_len = _read_models(models_body) if models.outcome is ProbeOutcome.OK else ((), None)
+        if models.outcome is ProbeOutcome.OK and models_body is not None and not served:
+            models = EndpointCheck(ProbeOutcome.ERROR, models.status, models.latency_s, "no model cards in /v1/models")
+        snapshot: MetricsSnapshot | None = None
+        if metrics_check.outcome is ProbeOutcome.OK and metrics_text is not None:
+            try:
+                snapshot = parse_metrics(metrics_text)
+            except ValueError as exc:
+                metrics_check = EndpointCheck(
+                    ProbeOutcome.ERROR, metrics_check.status, metrics_check.latency_s, f"unparsable /metrics: {exc}"
+                )
+        return ProbeResult(
+            base_url=base,
+            health=health,
+            models=models,
+            served_models=served,
+            max_model_len=max_model_len,
+            version=version,
+            metrics_check=metrics_check,
+            metrics=snapshot,
+        )
+
+    def _auth(self) -> dict[str, str] | None:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+
+    async def _version(self, client: httpx.AsyncClient, base: str) -> str | None:
+        cached = self._versions.get(base)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self._version_ttl_s:
+            return cached[1]
+        check, body = await _get(client, base, "/version")
+        if check.outcome is not ProbeOutcome.OK or body is None:
+            return cached[1] if cached else None
+        try:
+            version = str(json.loads(body)["version"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        self._versions[base] = (now, version)
+        return version
+
+
+async def _get(
+    client: httpx.AsyncClient, base: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[EndpointCheck, str | None]:
+    """One GET; every transport failure becomes an outcome (refused, timeout, error), never an exception."""
+    started = time.perf_counter()
+    try:
+        response = await client.get(base + path, headers=headers)
+    except httpx.TimeoutException as exc:
+        return EndpointCheck(ProbeOutcome.TIMEOUT, None, time.perf_counter() - started, _describe(exc)), None
+    except httpx.ConnectError as exc:
+        return EndpointCheck(ProbeOutcome.REFUSED, None, time.perf_counter() - started, _describe(exc)), None
+    except httpx.HTTPError as exc:
+        return EndpointCheck(ProbeOutcome.ERROR, None, time.perf_counter() - started, _describe(exc)), None
+    elapsed = time.perf_counter() - started
+    outcome = _outcome_of(response.status_code)
+    detail = "" if outcome is ProbeOutcome.OK else f"{path} answered HTTP {response.status_code}"
+    return EndpointCheck(outcome, response.status_code, elapsed, detail), response.text
+
+
+def _outcome_of(status: int) -> ProbeOutcome:
+    if 200 <= status < 300:
+        return ProbeOutcome.OK
+    if status in (401, 403):
+        return ProbeOutcome.UNAUTHORIZED
+    if status >= 500:
+        return ProbeOutcome.SERVER_ERROR
+    return ProbeOutcome.CLIENT_ERROR
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _read_models(body: str | None) -> tuple[tuple[str, ...], int | None]:
+    """Served ids (base models first; LoRA cards have a ``parent``) and the base model's ``max_model_len``."""
+    if not body:
+        return (), None
+    try:
+        payload: Any = json.loads(body)
+    except ValueError:
+        return (), None
+    cards = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(cards, list):
+        return (), None
+    base_cards = [c for c in cards if isinstance(c, dict) and c.get("id") and not c.get("parent")]
+    adapters = [c for c in cards if isinstance(c, dict) and c.get("id") and c.get("parent")]
+    served = tuple(str(c["id"]) for c in (*base_cards, *adapters))
+    max_len = next((c.get("max_model_len") for c in base_cards if isinstance(c.get("max_model_len"), int)), None)
+    return served, max_len

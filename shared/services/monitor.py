@@ -1,0 +1,514 @@
+"""The monitor: on each Scheduler tick, probe every serving deployment, record a sample, move phases, heal.
+
+One tick:
+
+1. read the deployments the monitor owns (desired present, phase BOOTING..DOWN, an endpoint) and, for each,
+   its recent samples (the previous counters for rates, the history for "for N seconds" conditions);
+2. probe them all concurrently through the ``ServingProbe`` port, at most ``max_concurrency`` at once, each
+   bounded by ``probe_timeout_s``;
+3. derive interval SLIs (``shared.domain.metrics``) and the phase (``shared.domain.health``);
+4. publish healing commands: STALLED or DOWN past the grace period -> ``serving.restart`` (the deployment
+   then counts as BOOTING again); DOWN on a preempted or terminated node -> a ``reconcile.tick`` for the
+   provisioner; idle for ``spec.idle_minutes`` -> ``deployment.stop`` or ``deployment.delete``. Command ids are
+   derived from the incident, so a repeated tick publishes the same id and the ledger drops the duplicate;
+5. write every sample in one batched ``write_samples`` (chunks of 500, Firestore's batch limit);
+6. compare-and-set the deployment records whose phase changed, then publish ``deployment.phase_changed``
+   events. A lost race is re-read once and re-applied only if the deployment is still the monitor's. Without
+   a change a record is rewritten only to refresh its stored SLIs (every ``record_refresh_s`` to twice that,
+   spread per deployment) or ``last_request_at`` (under traffic, at most every quarter of the idle window):
+   the live SLIs are in the samples, so a steady tick is one batched write.
+
+Level-triggered and safe to repeat: a deployment sampled less than ``min_sample_interval_s`` ago is skipped, so
+a redelivered tick changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from shared.domain.errors import ConflictError
+from shared.domain.health import (
+    MONITORED_PHASES,
+    Assessment,
+    EndpointCheck,
+    HistoryPoint,
+    PriorState,
+    ProbeOutcome,
+    ProbeResult,
+    assess,
+    healing_action,
+    idle_for,
+)
+from shared.domain.metrics import IntervalStats, MetricsSnapshot, derive_interval
+from shared.domain.models import DeploymentRecord, Desired, MonitorSample, Phase
+from shared.messages import (
+    DeleteDeployment,
+    PhaseChanged,
+    ReconcileTick,
+    RestartServing,
+    StopDeployment,
+    encode_message,
+    message_attributes,
+    topic_for,
+)
+from shared.ports import Clock, CommandBus, ServingProbe, StateStore
+
+__all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
+
+log = logging.getLogger("tpuctl.monitor")
+
+_ID_NAMESPACE = uuid.UUID("6f1d3c52-52a4-4c8e-9a55-3f0e0c6b7a10")
+_MAX_BATCH = 500  # Firestore's limit on writes in one batch
+_SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """Knobs of the monitor service; the entry point builds it from ``shared.config.Settings``."""
+
+    max_concurrency: int = 32
+    """Probes in flight at once (each is up to four HTTP requests)."""
+    probe_timeout_s: float = 10.0
+    """Upper bound on one whole probe, on top of the probe's own per-request timeouts."""
+    min_sample_interval_s: float = 10.0
+    """A deployment sampled more recently than this is skipped (a redelivered tick is a no-op)."""
+    record_refresh_s: float = 900.0
+    """Without a phase change, a record's stored SLIs are rewritten after this (to 2x, spread per deployment);
+    the live SLIs are in the samples, so a steady tick writes one batch and almost no records."""
+    history_limit: int = 16
+    """Samples read per deployment: the previous counters and the evidence for sustained conditions."""
+    sample_ttl_days: int = 14
+    """Samples carry ``expire_at`` = taken_at + this (Firestore TTL; the SQLite store purges)."""
+    topic_commands: str = "tpuctl-commands"
+    topic_events: str = "tpuctl-events"
+    topic_ticks: str = "tpuctl-ticks"
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency: {self.max_concurrency} must be >= 1")
+        if self.probe_timeout_s <= 0:
+            raise ValueError(f"probe_timeout_s: {self.probe_timeout_s} must be > 0")
+        if self.history_limit < 1:
+            raise ValueError(f"history_limit: {self.history_limit} must be >= 1")
+        if self.min_sample_interval_s < 0 or self.record_refresh_s < 0:
+            raise ValueError("min_sample_interval_s, record_refresh_s: must be >= 0 seconds")
+
+    def topic(self, logical: str) -> str:
+        return {"commands": self.topic_commands, "events": self.topic_events, "ticks": self.topic_ticks}[logical]
+
+
+@dataclass
+class DeploymentReport:
+    """What one tick did for one deployment."""
+
+    deployment_id: str
+    previous: Phase
+    phase: Phase
+    probe: str
+    reason: str
+    published: list[str] = field(default_factory=list)
+    record_written: bool = False
+    conflict: bool = False
+
+
+@dataclass
+class TickReport:
+    """What one tick did overall (returned to the entry point and logged)."""
+
+    taken_at: datetime
+    deployments: list[DeploymentReport] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    samples_written: int = 0
+    sample_batches: int = 0
+    record_writes: int = 0
+    conflicts: int = 0
+    publish_failures: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def probed(self) -> int:
+        return len(self.deployments)
+
+    @property
+    def phase_changes(self) -> dict[str, tuple[Phase, Phase]]:
+        return {r.deployment_id: (r.previous, r.phase) for r in self.deployments if r.previous is not r.phase}
+
+    @property
+    def published(self) -> list[tuple[str, str]]:
+        return [(kind, r.deployment_id) for r in self.deployments for kind in r.published]
+
+    def summary(self) -> str:
+        changes = ", ".join(f"{d}: {a.value}->{b.value}" for d, (a, b) in sorted(self.phase_changes.items()))
+        return (
+            f"probed {self.probed}, skipped {len(self.skipped)}, {self.samples_written} sample(s) in "
+            f"{self.sample_batches} batch(es), {self.record_writes} record write(s), {self.conflicts} conflict(s), "
+            f"{len(self.published)} message(s) published in {self.duration_s:.2f} s"
+            + (f"; {changes}" if changes else "")
+        )
+
+
+@dataclass
+class _Work:
+    record: DeploymentRecord
+    history: list[MonitorSample]
+    result: ProbeResult | None = None
+
+
+@dataclass
+class _Decision:
+    record: DeploymentRecord
+    sample: MonitorSample
+    report: DeploymentReport
+    new_status: dict[str, Any] | None
+    events: list[BaseModel] = field(default_factory=list)
+    unhealed_status: dict[str, Any] | None = None  # what to store if the healing command could not be sent
+
+
+class Monitor:
+    """Probes serving deployments and records what it saw. See the module docstring for one tick."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        probe: ServingProbe,
+        bus: CommandBus,
+        clock: Clock,
+        settings: MonitorSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.probe = probe
+        self.bus = bus
+        self.clock = clock
+        self.settings = settings or MonitorSettings()
+
+    # Entry points
+
+    def handle(self, message: Any) -> str:
+        """Handle a decoded message: ``reconcile.tick`` with purpose ``monitor`` runs a tick; others are ignored."""
+        if not isinstance(message, ReconcileTick):
+            return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a monitor tick"
+        if message.purpose != "monitor":
+            return f"ignored: tick purpose {message.purpose!r} is not 'monitor'"
+        return self.tick(only=message.deployment_id).summary()
+
+    def tick(self, now: datetime | None = None, *, only: str | None = None) -> TickReport:
+        """One tick from synchronous code (a Cloud Function); use :meth:`tick_async` inside an event loop."""
+        return asyncio.run(self.tick_async(now, only=only))
+
+    async def tick_async(self, now: datetime | None = None, *, only: str | None = None) -> TickReport:
+        started = self.clock.monotonic()
+        now = now or self.clock.now()
+        report = TickReport(taken_at=now)
+        work = self._collect(now, only, report)
+        await self._probe_all(work)
+        decisions = [self._decide(item, now) for item in work]
+        self._publish_healing(decisions, report)
+        self._write_samples([d.sample for d in decisions], report)
+        for decision in decisions:
+            self._write_record(decision, now, report)
+            report.deployments.append(decision.report)
+        report.duration_s = self.clock.monotonic() - started
+        log.info("monitor tick: %s", report.summary())
+        return report
+
+    # Steps
+
+    def _collect(self, now: datetime, only: str | None, report: TickReport) -> list[_Work]:
+        work: list[_Work] = []
+        for record in self.store.list_deployments():
+            if only is not None and record.deployment_id != only:
+                continue
+            if not _monitored(record):
+                continue
+            window = _history_window_s(record)
+            history = self.store.list_samples(
+                record.deployment_id, since=now - timedelta(seconds=window), limit=self.settings.history_limit
+            )
+            if history:
+                age = (now - history[0].taken_at).total_seconds()
+                if age < self.settings.min_sample_interval_s:
+                    report.skipped.append((record.deployment_id, f"sampled {age:.0f} s ago"))
+                    continue
+            work.append(_Work(record=record, history=history))
+        return work
+
+    async def _probe_all(self, work: Sequence[_Work]) -> None:
+        gate = asyncio.Semaphore(self.settings.max_concurrency)
+
+        async def one(item: _Work) -> None:
+            endpoint = item.record.status.endpoint or ""
+            async with gate:
+                started = self.clock.monotonic()
+                try:
+                    item.result = await asyncio.wait_for(self.probe.probe(endpoint), self.settings.probe_timeout_s)
+                except TimeoutError:
+                    waited = self.clock.monotonic() - started
+                    check = EndpointCheck(ProbeOutcome.TIMEOUT, None, waited, "probe exceeded its overall bound")
+                    item.result = ProbeResult(base_url=endpoint, health=check)
+                except Exception as exc:  # the port promises not to raise; a bug there must not stop the tick
+                    log.exception("probe of %s failed unexpectedly", item.record.deployment_id)
+                    check = EndpointCheck(ProbeOutcome.ERROR, None, 0.0, f"probe error: {type(exc).__name__}")
+                    item.result = ProbeResult(base_url=endpoint, health=check)
+
+        await asyncio.gather(*(one(item) for item in work))
+
+    def _decide(self, item: _Work, now: datetime) -> _Decision:
+        record, result = item.record, item.result
+        assert result is not None
+        status = record.status
+        thresholds = record.spec.health
+        previous_snapshot, previous_at = _previous_snapshot(item.history)
+        interval: IntervalStats | None = None
+        if result.metrics is not None:
+            elapsed = (now - previous_at).total_seconds() if previous_at else 0.0
+            interval = derive_interval(previous_snapshot, result.metrics, elapsed)
+        prior = PriorState(phase=status.phase, phase_since=status.phase_since, serving_since=status.serving_since)
+        assessment = assess(result, interval, [_point(s) for s in item.history], prior, now, thresholds)
+
+        slis = _slis(result, interval)
+        report = DeploymentReport(
+            deployment_id=record.deployment_id,
+            previous=status.phase,
+            phase=assessment.phase,
+            probe=result.outcome.value,
+            reason=assessment.reason,
+        )
+        sample = MonitorSample(
+            deployment_id=record.deployment_id,
+            taken_at=now,
+            phase=assessment.phase,
+            probe=result.outcome.value,
+            slis=slis,
+            counters=result.metrics.to_record() if result.metrics is not None else {},
+            detail=_detail(assessment, result),
+            expire_at=now + timedelta(days=self.settings.sample_ttl_days),
+        )
+        decision = _Decision(record=record, sample=sample, report=report, new_status=None)
+
+        serving_since = status.serving_since
+        if assessment.phase in _SERVING_PHASES and serving_since is None:
+            serving_since = now
+        last_request_at = status.last_request_at
+        activity_write_s = _activity_write_s(record, self.settings)
+        active = interval is not None and interval.active
+        if active and (last_request_at is None or (now - last_request_at).total_seconds() >= activity_write_s):
+            last_request_at = now
+        new_status: dict[str, Any] = {
+            "phase": assessment.phase,
+            "phase_since": assessment.since,
+            "message": assessment.reason[:2000],
+            "serving_since": serving_since,
+            "last_request_at": last_request_at,
+            "slis": {**slis, "as_of_epoch_s": now.timestamp()} if slis else {**status.slis},
+        }
+
+        node_states = [ref.node_state for ref in status.resources]
+        action = healing_action(assessment.phase, assessment.since, now, thresholds, node_states)
+        if action == "restart":
+            decision.unhealed_status = dict(new_status)
+            decision.events.append(
+                RestartServing(
+                    command_id=_command_id(record, "restart", assessment.since),
+                    issued_at=now,
+                    deployment_id=record.deployment_id,
+                    reason=f"{assessment.phase.value} since {assessment.since.isoformat()}: {assessment.reason}"[:500],
+                )
+            )
+            # After a restart vLLM boots again (minutes on TPU): BOOTING, with a fresh boot budget.
+            new_status.update(
+                phase=Phase.BOOTING,
+                phase_since=now,
+                serving_since=None,
+                last_request_at=None,
+                message=f"restart requested: {assessment.reason}"[:2000],
+            )
+            report.phase = Phase.BOOTING
+        elif action == "reprovision" and status.phase is not Phase.DOWN:
+            decision.events.append(
+                ReconcileTick(
+                    command_id=_command_id(record, "reprovision", assessment.since),
+                    issued_at=now,
+                    deployment_id=record.deployment_id,
+                    purpose="reconcile",
+                )
+            )
+        elif record.spec.idle_minutes and assessment.phase in (Phase.SERVING, Phase.DEGRADED) and not active:
+            idle_s = idle_for(last_request_at, serving_since, now)
+            if idle_s is not None and idle_s >= record.spec.idle_minutes * 60 + activity_write_s:
+                decision.events.append(self._idle_command(record, now, last_request_at or serving_since))
+
+        wanted = report.phase is not status.phase or bool(decision.events)
+        wanted = wanted or serving_since != status.serving_since or last_request_at != status.last_request_at
+        as_of = status.slis.get("as_of_epoch_s")
+        if as_of is None or now.timestamp() - as_of >= _refresh_after_s(record.deployment_id, self.settings):
+            wanted = True
+        if wanted:
+            decision.new_status = new_status
+        return decision
+
+    def _idle_command(self, record: DeploymentRecord, now: datetime, since: datetime | None) -> BaseModel:
+        command_id = _command_id(record, f"idle-{record.spec.on_idle}", since or now)
+        if record.spec.on_idle == "delete":
+            return DeleteDeployment(
+                command_id=command_id,
+                issued_at=now,
+                deployment_id=record.deployment_id,
+                expected_generation=record.generation,
+            )
+        return StopDeployment(command_id=command_id, issued_at=now, deployment_id=record.deployment_id)
+
+    def _publish_healing(self, decisions: Sequence[_Decision], report: TickReport) -> None:
+        """Publish before the records change: at-least-once (a failed publish leaves the phase to retry)."""
+        for decision in decisions:
+            sent: list[BaseModel] = []
+            for message in decision.events:
+                if self._publish(message, report):
+                    sent.append(message)
+                    decision.report.published.append(str(getattr(message, "kind", "")))
+            if len(sent) != len(decision.events) and decision.unhealed_status is not None:
+                # The restart did not go out: store the sick phase, so the next tick tries again.
+                decision.new_status = decision.unhealed_status
+                decision.report.phase = decision.sample.phase
+            decision.events = sent
+
+    def _write_samples(self, samples: Sequence[MonitorSample], report: TickReport) -> None:
+        for start in range(0, len(samples), _MAX_BATCH):
+            batch = list(samples[start : start + _MAX_BATCH])
+            self.store.write_samples(batch)
+            report.sample_batches += 1
+            report.samples_written += len(batch)
+
+    def _write_record(self, decision: _Decision, now: datetime, report: TickReport) -> None:
+        if decision.new_status is None:
+            return
+        record = decision.record
+        for attempt in range(2):
+            updated = record.model_copy(
+                update={"status": record.status.model_copy(update=decision.new_status), "updated_at": now}
+            )
+            try:
+                self.store.put_deployment(updated, expected_version=record.version)
+            except ConflictError:
+                fresh = self.store.get_deployment(record.deployment_id)
+                if (
+                    attempt == 1
+                    or fresh is None
+                    or not _monitored(fresh)
+                    or fresh.status.phase is not record.status.phase
+                ):
+                    report.conflicts += 1
+                    decision.report.conflict = True
+                    log.info("monitor left %s alone: it changed during the tick", record.deployment_id)
+                    return
+                record = fresh
+                continue
+            report.record_writes += 1
+            decision.report.record_written = True
+            break
+        if decision.report.phase is not decision.report.previous:
+            event = PhaseChanged(
+                command_id=_command_id(record, f"phase-{decision.report.phase.value}", now),
+                issued_at=now,
+                deployment_id=record.deployment_id,
+                previous=decision.report.previous,
+                phase=decision.report.phase,
+                reason=decision.report.reason[:2000],
+            )
+            if self._publish(event, report):
+                decision.report.published.append(event.kind)
+
+    def _publish(self, message: BaseModel, report: TickReport) -> bool:
+        deployment_id = str(getattr(message, "deployment_id", "") or "")
+        try:
+            self.bus.publish(
+                self.settings.topic(topic_for(message)),
+                encode_message(message),
+                message_attributes(message),
+                ordering_key=deployment_id or None,
+            )
+        except Exception:  # a bus outage must not lose the samples; the next tick publishes again
+            report.publish_failures += 1
+            log.exception("could not publish %s for %s", getattr(message, "kind", "?"), deployment_id)
+            return False
+        return True
+
+
+def _monitored(record: DeploymentRecord) -> bool:
+    return (
+        record.desired is Desired.PRESENT and record.status.phase in MONITORED_PHASES and bool(record.status.endpoint)
+    )
+
+
+def _history_window_s(record: DeploymentRecord) -> float:
+    thresholds = record.spec.health
+    return max(thresholds.stall_after_s, thresholds.kv_saturated_after_s, thresholds.queued_after_s) + 600.0
+
+
+def _activity_write_s(record: DeploymentRecord, settings: MonitorSettings) -> float:
+    """How stale ``last_request_at`` may get under traffic: a quarter of the idle window, at most the refresh."""
+    if not record.spec.idle_minutes:
+        return settings.record_refresh_s
+    return min(settings.record_refresh_s, record.spec.idle_minutes * 60 / 4)
+
+
+def _refresh_after_s(deployment_id: str, settings: MonitorSettings) -> float:
+    """``record_refresh_s`` stretched by a fixed per-deployment share (up to 2x), so a fleet that changed phase
+    together does not rewrite every record in the same later tick."""
+    share = int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16) / 2**32
+    return settings.record_refresh_s * (1.0 + share)
+
+
+def _previous_snapshot(history: Sequence[MonitorSample]) -> tuple[MetricsSnapshot | None, datetime | None]:
+    for sample in history:
+        if sample.counters:
+            snapshot = MetricsSnapshot.from_record(sample.counters)
+            if snapshot is not None:
+                return snapshot, sample.taken_at
+    return None, None
+
+
+def _point(sample: MonitorSample) -> HistoryPoint:
+    counters = sample.counters.get("counters", {}) if sample.counters else {}
+    return HistoryPoint(
+        taken_at=sample.taken_at,
+        answered=bool(sample.counters),
+        running=sample.slis.get("running"),
+        waiting=sample.slis.get("waiting"),
+        kv_cache_usage=sample.slis.get("kv_cache_usage"),
+        generation_tokens=counters.get("generation_tokens"),
+        iterations=counters.get("iterations"),
+    )
+
+
+def _slis(result: ProbeResult, interval: IntervalStats | None) -> dict[str, float]:
+    slis = interval.slis() if interval is not None else {}
+    slis["health_latency_s"] = round(result.health.latency_s, 4)
+    if result.max_model_len is not None:
+        slis["max_model_len"] = float(result.max_model_len)
+    return {name: value for name, value in slis.items() if math.isfinite(value)}
+
+
+def _detail(assessment: Assessment, result: ProbeResult) -> str:
+    parts = [assessment.reason]
+    if result.version:
+        parts.append(f"vllm {result.version}")
+    if result.served_models:
+        parts.append("models " + ",".join(result.served_models[:4]))
+    if result.metrics is not None and result.metrics.legacy_names:
+        parts.append("legacy metric names " + ",".join(result.metrics.legacy_names))
+    return "; ".join(parts)[:2000]
+
+
+def _command_id(record: DeploymentRecord, what: str, at: datetime) -> str:
+    """The same incident always yields the same id, so the command ledger drops re-publications."""
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{record.deployment_id}/{record.generation}/{what}/{at.isoformat()}"))
