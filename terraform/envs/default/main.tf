@@ -1,0 +1,522 @@
+# The whole tpuctl footprint in one project: composed from ../../modules.
+#
+#   gateway ──publish──> commands ──push──> provision ──> TPU API, Firestore, events
+#   Scheduler ──> ticks ──push──> provision (reconcile, janitor) / monitor (monitor)
+#   TPU VM node agent ──> events ──push──> benchmark ──> Firestore, node tasks
+#
+# Every topic has a dead-letter topic with a subscription and an alert. Functions are fed by
+# push subscriptions this configuration owns (see modules/event_function for why not Eventarc).
+# Function sources come from `make package` (build/functions/NAME); run it before plan/apply.
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+locals {
+  labels     = merge(var.labels, { "managed-by" = "tpuctl", env = var.environment })
+  project_id = module.project_services.project_id
+
+  pubsub_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+
+  functions_source_dir = startswith(var.functions_source_dir, "/") ? var.functions_source_dir : abspath("${path.module}/${var.functions_source_dir}")
+  archive_dir          = "${local.functions_source_dir}/../archives"
+
+  # Scheduler ticks: wire messages kept as data (ticks.json) so tests can check them against the
+  # Python contract; the purpose attribute routes them. Job names are fixed: the provisioner finds
+  # its tick job by name (shared/services/provisioner.py TICK_JOB_NAME) to pause and resume it.
+  ticks = jsondecode(file("${path.module}/ticks.json"))
+
+  topic_ids       = module.command_bus.topic_ids
+  dead_letter_ids = module.command_bus.dead_letter_topic_ids
+
+  # What shared/config.py reads. No secret values: only the secrets' names.
+  function_environment = {
+    TPUCTL_BACKEND             = "gcp"
+    TPUCTL_PROJECT             = var.project_id
+    TPUCTL_REGION              = var.region
+    TPUCTL_FIRESTORE_DATABASE  = module.firestore.database
+    TPUCTL_TOPIC_COMMANDS      = var.topic_names.commands
+    TPUCTL_TOPIC_TICKS         = var.topic_names.ticks
+    TPUCTL_TOPIC_EVENTS        = var.topic_names.events
+    TPUCTL_TOPIC_NODE_TASKS    = var.topic_names.node_tasks
+    TPUCTL_HF_TOKEN_SECRET     = var.secret_ids.hf_token
+    TPUCTL_VLLM_API_KEY_SECRET = var.secret_ids.vllm_api_key
+    TPUCTL_LOG_LEVEL           = var.log_level
+  }
+
+  # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones;
+  # ticks go by purpose. Filters use the subset of the Pub/Sub filter language the local bus
+  # also understands (shared/adapters/_pubsub_rules.py), and tests check every message kind
+  # reaches exactly one function.
+  benchmark_command_filter = "attributes.kind = \"benchmark.run\" OR attributes.kind = \"benchmark.schedule\""
+  provision_command_filter = "NOT (${local.benchmark_command_filter})"
+  monitor_tick_filter      = "attributes.purpose = \"monitor\""
+  provision_tick_filter    = "NOT ${local.monitor_tick_filter}"
+
+  gateway_vllm_key_readers  = var.gateway_reads_vllm_api_key ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
+  gateway_hf_token_managers = var.gateway_manages_hf_token ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
+}
+
+module "project_services" {
+  source = "../../modules/project_services"
+
+  project_id = var.project_id
+  services = [
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
+    "firestore.googleapis.com",
+    "iam.googleapis.com",
+    "iamcredentials.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+    "secretmanager.googleapis.com",
+    "storage.googleapis.com",
+    "tpu.googleapis.com",
+    "vpcaccess.googleapis.com",
+  ]
+}
+
+# --- storage for function sources and the node-agent bundle --------------------------------------
+
+resource "google_storage_bucket" "sources" {
+  #checkov:skip=CKV_GCP_62:Objects are build artifacts named by content hash and written only by Terraform; access is audited by Cloud Audit Logs.
+  project                     = local.project_id
+  name                        = "${var.project_id}-${var.name_prefix}-sources"
+  location                    = upper(var.region)
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true
+  labels                      = merge(local.labels, { component = "sources" })
+
+  versioning {
+    enabled = true
+  }
+
+  lifecycle_rule {
+    condition {
+      days_since_noncurrent_time = 30
+    }
+    action {
+      type = "Delete"
+    }
+  }
+}
+
+resource "google_storage_bucket_object" "node_agent_bundle" {
+  count = var.node_agent_bundle == null ? 0 : 1
+
+  bucket = google_storage_bucket.sources.name
+  name   = "node-agent/${filesha256(var.node_agent_bundle)}-${basename(var.node_agent_bundle)}"
+  source = var.node_agent_bundle
+}
+
+resource "google_artifact_registry_repository" "functions" {
+  #checkov:skip=CKV_GCP_84:Images hold only the open-source controller code; Google-managed encryption applies.
+  project       = local.project_id
+  location      = var.region
+  repository_id = "${var.name_prefix}-functions"
+  description   = "Images Cloud Build makes from the tpuctl function sources."
+  format        = "DOCKER"
+  labels        = merge(local.labels, { component = "sources" })
+
+  cleanup_policy_dry_run = false
+
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 5
+    }
+  }
+
+  cleanup_policies {
+    id     = "delete-old"
+    action = "DELETE"
+    condition {
+      older_than = "2592000s"
+    }
+  }
+}
+
+# Cloud Build runs as this account, not the default compute account (which may hold Editor).
+resource "google_service_account" "build" {
+  project      = local.project_id
+  account_id   = "${var.name_prefix}-build"
+  display_name = "tpuctl function builds"
+  description  = "Cloud Build identity for the tpuctl functions: reads sources, pushes images, writes build logs."
+}
+
+resource "google_project_iam_member" "build_log_writer" {
+  project = local.project_id
+  role    = "roles/logging.logWriter"
+  member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+resource "google_artifact_registry_repository_iam_member" "build_writer" {
+  project    = local.project_id
+  location   = google_artifact_registry_repository.functions.location
+  repository = google_artifact_registry_repository.functions.name
+  role       = "roles/artifactregistry.writer"
+  member     = "serviceAccount:${google_service_account.build.email}"
+}
+
+resource "google_storage_bucket_iam_member" "build_source_reader" {
+  bucket = google_storage_bucket.sources.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.build.email}"
+
+  condition {
+    title       = "function-sources-only"
+    description = "Only the function source archives."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.sources.name}/objects/functions/\")"
+  }
+}
+
+# --- bus, state, secrets, network ---------------------------------------------------------------
+
+module "command_bus" {
+  source = "../../modules/command_bus"
+
+  project_id           = local.project_id
+  pubsub_service_agent = local.pubsub_service_agent
+  labels               = local.labels
+  topics = {
+    commands   = { name = var.topic_names.commands }
+    ticks      = { name = var.topic_names.ticks }
+    events     = { name = var.topic_names.events }
+    node_tasks = { name = var.topic_names.node_tasks }
+  }
+}
+
+module "firestore" {
+  source = "../../modules/firestore"
+
+  project_id      = local.project_id
+  create_database = var.create_firestore_database
+  location_id     = coalesce(var.firestore_location, var.region)
+
+  # Field paths as FirestoreStateStore stores them (records as native maps).
+  composite_indexes = {
+    deployments_by_phase = {
+      collection = "deployments"
+      fields = [
+        { field_path = "status.phase", order = "ASCENDING" },
+        { field_path = "deployment_id", order = "ASCENDING" },
+      ]
+    }
+    samples_by_deployment = {
+      collection = "samples"
+      fields = [
+        { field_path = "deployment_id", order = "ASCENDING" },
+        { field_path = "taken_at", order = "DESCENDING" },
+      ]
+    }
+    benchmark_runs_by_deployment = {
+      collection = "benchmark_runs"
+      fields = [
+        { field_path = "deployment_id", order = "ASCENDING" },
+        { field_path = "created_at", order = "DESCENDING" },
+      ]
+    }
+  }
+
+  ttl_fields = {
+    samples  = { collection = "samples", field = "expire_at" }
+    commands = { collection = "commands", field = "expire_at" }
+  }
+}
+
+module "secrets" {
+  source = "../../modules/secrets"
+
+  project_id = local.project_id
+  labels     = local.labels
+  secrets = {
+    # Read at boot by the VM's host bootstrap to download the gated weights. Gateway principals get
+    # access only when var.gateway_manages_hf_token is set (`tpuctl token set` compares, then adds).
+    hf_token = {
+      secret_id      = var.secret_ids.hf_token
+      accessors      = merge({ tpu_vm = module.identities.tpu_vm_member }, local.gateway_hf_token_managers)
+      version_adders = local.gateway_hf_token_managers
+    }
+    # The VM's proxy checks it; the monitor sends it on /v1/models probes; the gateway on live queries.
+    vllm_api_key = {
+      secret_id = var.secret_ids.vllm_api_key
+      accessors = merge(
+        { tpu_vm = module.identities.tpu_vm_member, monitor = module.monitor.service_account_member },
+        local.gateway_vllm_key_readers,
+      )
+    }
+  }
+}
+
+module "network" {
+  source = "../../modules/network"
+
+  project_id         = local.project_id
+  region             = var.region
+  name_prefix        = var.name_prefix
+  network            = var.network
+  node_tag           = var.node_tag
+  vllm_port          = var.vllm_port
+  vllm_source_ranges = distinct(concat(var.vllm_source_ranges, var.connector_cidr == null ? [] : [var.connector_cidr]))
+  allow_iap_ssh      = var.allow_iap_ssh
+  connector_cidr     = var.connector_cidr
+  enable_cloud_nat   = var.enable_cloud_nat
+}
+
+module "identities" {
+  source = "../../modules/identities"
+
+  project_id         = local.project_id
+  name_prefix        = var.name_prefix
+  commands_topic     = local.topic_ids.commands
+  events_topic       = local.topic_ids.events
+  node_tasks_topic   = local.topic_ids.node_tasks
+  source_bucket      = google_storage_bucket.sources.name
+  gateway_principals = var.gateway_principals
+  tpu_vm_users       = { provision = module.provision.service_account_member }
+}
+
+# --- functions ----------------------------------------------------------------------------------
+
+module "provision" {
+  source = "../../modules/event_function"
+
+  project_id                  = local.project_id
+  region                      = var.region
+  name_prefix                 = var.name_prefix
+  name                        = "provision"
+  description                 = "Applies commands and reconciles deployments: queued resources, zones, tiers, teardown, janitor."
+  entry_point                 = "provision"
+  runtime                     = "python311"
+  source_dir                  = "${local.functions_source_dir}/provision"
+  archive_dir                 = local.archive_dir
+  source_bucket               = google_storage_bucket.sources.name
+  build_service_account_email = google_service_account.build.email
+  docker_repository           = google_artifact_registry_repository.functions.id
+  environment_variables       = local.function_environment
+  pubsub_service_agent        = local.pubsub_service_agent
+  labels                      = local.labels
+
+  service = {
+    timeout_seconds    = try(var.function_limits.provision.timeout_seconds, 540)
+    available_memory   = try(var.function_limits.provision.available_memory, "512Mi")
+    max_instance_count = try(var.function_limits.provision.max_instance_count, 3)
+  }
+
+  # Cloud TPU has no resource-level IAM, so TPU grants are project-level (reliability-security.md §7).
+  project_roles  = ["roles/tpu.admin", "roles/datastore.user"]
+  publish_topics = { events = local.topic_ids.events }
+
+  triggers = {
+    commands = {
+      topic                   = local.topic_ids.commands
+      dead_letter_topic       = local.dead_letter_ids.commands
+      filter                  = local.provision_command_filter
+      enable_message_ordering = true
+      max_delivery_attempts   = var.max_delivery_attempts
+    }
+    ticks = {
+      topic                 = local.topic_ids.ticks
+      dead_letter_topic     = local.dead_letter_ids.ticks
+      filter                = local.provision_tick_filter
+      max_delivery_attempts = var.max_delivery_attempts
+    }
+  }
+}
+
+module "monitor" {
+  source = "../../modules/event_function"
+
+  project_id                  = local.project_id
+  region                      = var.region
+  name_prefix                 = var.name_prefix
+  name                        = "monitor"
+  description                 = "Probes serving deployments every tick, records samples and phases, nudges healing."
+  entry_point                 = "monitor"
+  runtime                     = "python311"
+  source_dir                  = "${local.functions_source_dir}/monitor"
+  archive_dir                 = local.archive_dir
+  source_bucket               = google_storage_bucket.sources.name
+  build_service_account_email = google_service_account.build.email
+  docker_repository           = google_artifact_registry_repository.functions.id
+  environment_variables       = local.function_environment
+  pubsub_service_agent        = local.pubsub_service_agent
+  labels                      = local.labels
+
+  service = {
+    timeout_seconds    = try(var.function_limits.monitor.timeout_seconds, 540)
+    available_memory   = try(var.function_limits.monitor.available_memory, "512Mi")
+    max_instance_count = try(var.function_limits.monitor.max_instance_count, 2)
+    vpc_connector      = module.network.connector_id
+  }
+
+  # Publishes healing commands (serving.restart, deployment.stop/delete), reconcile nudges on ticks
+  # and deployment.phase_changed events (shared/services/monitor.py).
+  project_roles = ["roles/tpu.viewer", "roles/datastore.user", "roles/monitoring.metricWriter"]
+  publish_topics = {
+    commands = local.topic_ids.commands
+    ticks    = local.topic_ids.ticks
+    events   = local.topic_ids.events
+  }
+
+  triggers = {
+    ticks = {
+      topic                 = local.topic_ids.ticks
+      dead_letter_topic     = local.dead_letter_ids.ticks
+      filter                = local.monitor_tick_filter
+      max_delivery_attempts = var.max_delivery_attempts
+    }
+  }
+}
+
+module "benchmark" {
+  source = "../../modules/event_function"
+
+  project_id                  = local.project_id
+  region                      = var.region
+  name_prefix                 = var.name_prefix
+  name                        = "benchmark"
+  description                 = "Records benchmark runs, hands them to the node agent and stores the results it reports."
+  entry_point                 = "benchmark"
+  runtime                     = "python311"
+  source_dir                  = "${local.functions_source_dir}/benchmark"
+  archive_dir                 = local.archive_dir
+  source_bucket               = google_storage_bucket.sources.name
+  build_service_account_email = google_service_account.build.email
+  docker_repository           = google_artifact_registry_repository.functions.id
+  environment_variables       = local.function_environment
+  pubsub_service_agent        = local.pubsub_service_agent
+  labels                      = local.labels
+
+  service = {
+    timeout_seconds    = try(var.function_limits.benchmark.timeout_seconds, 300)
+    available_memory   = try(var.function_limits.benchmark.available_memory, "512Mi")
+    max_instance_count = try(var.function_limits.benchmark.max_instance_count, 2)
+  }
+
+  project_roles  = ["roles/datastore.user"]
+  publish_topics = { node_tasks = local.topic_ids.node_tasks }
+
+  triggers = {
+    events = {
+      topic                 = local.topic_ids.events
+      dead_letter_topic     = local.dead_letter_ids.events
+      max_delivery_attempts = var.max_delivery_attempts
+    }
+    commands = {
+      topic                 = local.topic_ids.commands
+      dead_letter_topic     = local.dead_letter_ids.commands
+      filter                = local.benchmark_command_filter
+      max_delivery_attempts = var.max_delivery_attempts
+    }
+  }
+}
+
+# --- narrowly scoped custom roles ---------------------------------------------------------------
+
+# Cloud Scheduler jobs the controller manages at run time: the provisioner pauses its reconcile
+# tick job when nothing is live and resumes (or recreates) it on the next command; scheduled
+# benchmarks (benchmark.schedule) are jobs the benchmark function creates, replaces and deletes.
+# Both get job management through this role, not roles/cloudscheduler.admin.
+resource "google_project_iam_custom_role" "scheduler_jobs" {
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}SchedulerJobs"
+  title       = "tpuctl Scheduler jobs"
+  description = "Create, pause, resume, update and delete the controller's Cloud Scheduler jobs."
+  permissions = [
+    "cloudscheduler.jobs.create",
+    "cloudscheduler.jobs.delete",
+    "cloudscheduler.jobs.get",
+    "cloudscheduler.jobs.list",
+    "cloudscheduler.jobs.update",
+    "cloudscheduler.jobs.pause",
+    "cloudscheduler.jobs.enable",
+  ]
+}
+
+resource "google_project_iam_member" "provision_scheduler_jobs" {
+  project = local.project_id
+  role    = google_project_iam_custom_role.scheduler_jobs.id
+  member  = module.provision.service_account_member
+}
+
+resource "google_project_iam_member" "benchmark_scheduler_jobs" {
+  project = local.project_id
+  role    = google_project_iam_custom_role.scheduler_jobs.id
+  member  = module.benchmark.service_account_member
+}
+
+# Second TPU back end (Compute Engine ct6e VMs): instance lifecycle only, off by default.
+resource "google_project_iam_custom_role" "compute_tpu_vms" {
+  count = var.enable_compute_engine_backend ? 1 : 0
+
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}ComputeTpuVms"
+  title       = "tpuctl Compute Engine TPU VMs"
+  description = "Create, label, inspect and delete the TPU VMs of the Compute Engine back end."
+  permissions = [
+    "compute.disks.create",
+    "compute.instances.create",
+    "compute.instances.delete",
+    "compute.instances.get",
+    "compute.instances.list",
+    "compute.instances.setLabels",
+    "compute.instances.setMetadata",
+    "compute.instances.setScheduling",
+    "compute.instances.setServiceAccount",
+    "compute.instances.setTags",
+    "compute.subnetworks.use",
+    "compute.zoneOperations.get",
+  ]
+}
+
+resource "google_project_iam_member" "provision_compute_tpu_vms" {
+  count = var.enable_compute_engine_backend ? 1 : 0
+
+  project = local.project_id
+  role    = google_project_iam_custom_role.compute_tpu_vms[0].id
+  member  = module.provision.service_account_member
+}
+
+# --- Scheduler ticks ----------------------------------------------------------------------------
+
+module "tick" {
+  source   = "../../modules/scheduled_trigger"
+  for_each = local.ticks
+
+  project_id  = local.project_id
+  region      = var.region
+  name        = each.value.job
+  description = each.value.description
+  schedule    = var.tick_schedules[each.key]
+  topic       = local.topic_ids.ticks
+  message     = each.value.message
+  attributes = {
+    kind           = each.value.message.kind
+    purpose        = each.value.message.purpose
+    schema_version = each.value.message.schema_version
+    command_id     = each.value.message.command_id
+  }
+}
+
+# --- alerts -------------------------------------------------------------------------------------
+
+module "monitoring" {
+  source = "../../modules/monitoring"
+
+  project_id                = local.project_id
+  name_prefix               = var.name_prefix
+  notification_channels     = var.notification_channels
+  alert_email               = var.alert_email
+  dead_letter_subscriptions = values(module.command_bus.dead_letter_subscription_names)
+  function_services         = [module.provision.function_name, module.monitor.function_name, module.benchmark.function_name]
+  labels                    = local.labels
+}

@@ -1,0 +1,62 @@
+output "gateway_environment" {
+  description = "TPUCTL_* settings for the MCP gateway on an operator's machine (with their own ADC)."
+  value = {
+    TPUCTL_BACKEND            = "gcp"
+    TPUCTL_PROJECT            = var.project_id
+    TPUCTL_REGION             = var.region
+    TPUCTL_FIRESTORE_DATABASE = module.firestore.database
+    TPUCTL_TOPIC_COMMANDS     = module.command_bus.topic_names.commands
+  }
+}
+
+output "functions" {
+  description = "Function names and their runtime service accounts."
+  value = {
+    for name, fn in { provision = module.provision, monitor = module.monitor, benchmark = module.benchmark } :
+    name => { function = fn.function_name, service_account = fn.service_account_email, subscriptions = fn.subscription_names }
+  }
+}
+
+output "topics" {
+  description = "Topic names by stream."
+  value       = module.command_bus.topic_names
+}
+
+output "dead_letter_subscriptions" {
+  description = "Where failed messages wait, by stream (alerted when non-empty)."
+  value       = module.command_bus.dead_letter_subscription_names
+}
+
+output "tpu_vm_service_account" {
+  description = "Service account the provision function must attach to every TPU VM it creates."
+  value       = module.identities.tpu_vm_email
+}
+
+output "node_network" {
+  description = "What the provision function must put on TPU VMs so the firewall rules apply."
+  value = {
+    network   = var.network
+    node_tag  = module.network.node_tag
+    vllm_port = var.vllm_port
+  }
+}
+
+output "sources_bucket" {
+  description = "Bucket with the function sources (functions/) and the node-agent bundle (node-agent/)."
+  value       = google_storage_bucket.sources.name
+}
+
+output "node_agent_bundle_uri" {
+  description = "gs:// URI of the uploaded node-agent bundle, or null when none was given."
+  value       = var.node_agent_bundle == null ? null : "gs://${google_storage_bucket.sources.name}/${google_storage_bucket_object.node_agent_bundle[0].name}"
+}
+
+output "secrets" {
+  description = "Secret ids to fill out of band (gcloud secrets versions add ID --data-file=-)."
+  value       = module.secrets.secret_ids
+}
+
+output "alert_policies" {
+  description = "Alert policy ids by purpose."
+  value       = module.monitoring.alert_policy_ids
+}

@@ -1,0 +1,14 @@
+terraform {
+  required_version = ">= 1.5.0, < 2.0.0"
+
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = ">= 6.14.0, < 8.0.0"
+    }
+    archive = {
+      source  = "hashicorp/archive"
+      version = ">= 2.4.0, < 3.0.0"
+    }
+  }
+}

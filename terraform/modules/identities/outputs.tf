@@ -1,0 +1,9 @@
+output "tpu_vm_email" {
+  description = "Service account the controller attaches to every TPU VM."
+  value       = google_service_account.tpu_vm.email
+}
+
+output "tpu_vm_member" {
+  description = "The TPU VM account as an IAM member string."
+  value       = "serviceAccount:${google_service_account.tpu_vm.email}"
+}

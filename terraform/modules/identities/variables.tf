@@ -1,0 +1,47 @@
+variable "project_id" {
+  description = "Project of the identities."
+  type        = string
+}
+
+variable "name_prefix" {
+  description = "Prefix of the service-account id."
+  type        = string
+  default     = "tpuctl"
+}
+
+variable "commands_topic" {
+  description = "Topic id the gateway publishes commands to."
+  type        = string
+}
+
+variable "events_topic" {
+  description = "Topic id the TPU VM publishes results and boot reports to."
+  type        = string
+}
+
+variable "node_tasks_topic" {
+  description = "Topic id the node agents subscribe to (their subscriptions may attach to it only)."
+  type        = string
+}
+
+variable "source_bucket" {
+  description = "Bucket whose node-agent/ prefix the TPU VM may read."
+  type        = string
+}
+
+variable "tpu_vm_users" {
+  description = "IAM members allowed to create TPU VMs that run as the TPU VM account, keyed by a static name."
+  type        = map(string)
+  default     = {}
+}
+
+variable "gateway_principals" {
+  description = "Who runs the MCP gateway: user:, group: or serviceAccount: members."
+  type        = set(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for p in var.gateway_principals : can(regex("^(user|group|serviceAccount|principalSet|principal):.+", p))])
+    error_message = "gateway_principals: use IAM members such as group:tpu-operators@example.com or user:me@example.com."
+  }
+}

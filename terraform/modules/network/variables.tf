@@ -1,0 +1,81 @@
+variable "project_id" {
+  description = "Project of the VPC."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the connector and the NAT (the functions' region)."
+  type        = string
+}
+
+variable "name_prefix" {
+  description = "Prefix of every resource name."
+  type        = string
+  default     = "tpuctl"
+}
+
+variable "network" {
+  description = "Name of the existing VPC the TPU VMs join."
+  type        = string
+  default     = "default"
+}
+
+variable "node_tag" {
+  description = "Network tag the controller puts on every TPU VM it creates; the firewall rules target it."
+  type        = string
+  default     = "tpuctl-node"
+
+  validation {
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.node_tag))
+    error_message = "node_tag: use a network tag: lower-case letters, digits and hyphens, 1-63 characters."
+  }
+}
+
+variable "vllm_port" {
+  description = "TCP port vLLM (or its key-checking proxy) listens on."
+  type        = number
+  default     = 8000
+
+  validation {
+    condition     = var.vllm_port >= 1024 && var.vllm_port <= 65535
+    error_message = "vllm_port: use an unprivileged port, 1024-65535."
+  }
+}
+
+variable "vllm_source_ranges" {
+  description = "CIDR ranges allowed to reach the vLLM port; never 0.0.0.0/0."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.vllm_source_ranges) > 0
+    error_message = "vllm_source_ranges: give at least one range (for example the IAP range 35.235.240.0/20 and the connector range)."
+  }
+
+  validation {
+    condition     = alltrue([for r in var.vllm_source_ranges : can(cidrhost(r, 0)) && !contains(["0.0.0.0/0", "::/0"], r)])
+    error_message = "vllm_source_ranges: every entry must be a CIDR range and none may be 0.0.0.0/0 or ::/0 (the API key does not protect every vLLM route)."
+  }
+}
+
+variable "allow_iap_ssh" {
+  description = "Allow SSH to TPU VMs from Identity-Aware Proxy's range only."
+  type        = bool
+  default     = true
+}
+
+variable "connector_cidr" {
+  description = "Unused /28 in the VPC for the Serverless VPC Access connector the monitor uses; null creates none."
+  type        = string
+  default     = "10.8.0.0/28"
+
+  validation {
+    condition     = var.connector_cidr == null || can(regex("/28$", var.connector_cidr))
+    error_message = "connector_cidr: Serverless VPC Access needs an unused /28 range, e.g. 10.8.0.0/28, or null."
+  }
+}
+
+variable "enable_cloud_nat" {
+  description = "Create Cloud NAT so TPU VMs without external IPs can pull images and weights."
+  type        = bool
+  default     = true
+}
