@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import sniffio  # noqa: F401  # httpcore retries a failed `import sniffio` on every request; fail at import instead
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.domain.health import EndpointCheck, ProbeOutcome, ProbeResult

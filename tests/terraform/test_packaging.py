@@ -46,6 +46,7 @@ DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "prometheus-client": ("prometheus_client",),
     "pyyaml": ("yaml",),
     "rich": ("rich",),
+    "sniffio": ("sniffio",),
 }
 _NAMESPACES = {"google", "google.cloud"}
 
