@@ -70,6 +70,7 @@ log = logging.getLogger("tpuctl.monitor")
 _ID_NAMESPACE = uuid.UUID("6f1d3c52-52a4-4c8e-9a55-3f0e0c6b7a10")
 _MAX_BATCH = 500  # Firestore's limit on writes in one batch
 _SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
+_ALERT_PHASES = frozenset({Phase.DEGRADED, Phase.STALLED, Phase.DOWN})
 
 
 @dataclass(frozen=True)
@@ -423,6 +424,21 @@ class Monitor:
                 previous=decision.report.previous,
                 phase=decision.report.phase,
                 reason=decision.report.reason[:2000],
+            )
+            # Structured on purpose: the phase-change alert policy (terraform/modules/monitoring) matches these fields.
+            log.log(
+                logging.WARNING if event.phase in _ALERT_PHASES else logging.INFO,
+                "%s: %s -> %s (%s)",
+                record.deployment_id,
+                event.previous.value,
+                event.phase.value,
+                event.reason,
+                extra={
+                    "kind": event.kind,
+                    "deployment_id": record.deployment_id,
+                    "previous": event.previous.value,
+                    "phase": event.phase.value,
+                },
             )
             if self._publish(event, report):
                 decision.report.published.append(event.kind)

@@ -317,3 +317,17 @@ def test_samples_are_json_safe_for_firestore(world: World) -> None:
     world.tick()
     sample = world.latest("dep-a")
     json.dumps(sample.model_dump(mode="json"), allow_nan=False)
+
+
+def test_a_phase_change_to_an_alerting_phase_is_logged_in_the_shape_the_alert_matches(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.add("dep-a", phase=Phase.SERVING, health=HealthThresholds(stall_after_s=120, heal_after_s=600))
+    world.replay.set("dep-a", metrics=with_values(BASE, running=3, generation_tokens=5000, iterations=900))
+    with caplog.at_level("INFO", logger="tpuctl.monitor"):
+        for _ in range(3):
+            world.tick()
+    changes = [r for r in caplog.records if getattr(r, "kind", None) == "deployment.phase_changed"]
+    assert [(r.levelname, r.phase, r.deployment_id) for r in changes] == [  # type: ignore[attr-defined]
+        ("WARNING", "STALLED", "dep-a")
+    ]
