@@ -1,0 +1,60 @@
+"""``python -m mcp_client_gateway``: serve the MCP gateway over stdio. Stdout is the wire; logs go to stderr.
+
+Configuration comes from ``TPUCTL_*`` variables; the flags below override them, for clients that cannot
+expand variables in their config (Antigravity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mcp_client_gateway", description=__doc__)
+    parser.add_argument("--backend", choices=("local", "gcp"), help="overrides TPUCTL_BACKEND")
+    parser.add_argument("--project", help="Google Cloud project id (overrides TPUCTL_PROJECT)")
+    parser.add_argument("--data-dir", help="embedded stack folder (overrides TPUCTL_DATA_DIR)")
+    parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from shared.config import Settings
+    from shared.logging import configure_logging
+
+    overrides: dict[str, Any] = {}
+    if args.backend:
+        overrides["backend"] = args.backend
+    if args.project:
+        overrides["project"] = args.project
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(str(error.get("msg", "")) for error in exc.errors(include_url=False, include_input=False))
+        print(f"tpuctl gateway: bad configuration: {problems}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, stream=sys.stderr)
+
+    from mcp_client_gateway.ports import build_ports, warm_up
+    from mcp_client_gateway.server import build_server
+
+    ports = build_ports(settings)
+    try:
+        build_server(ports, read_only=args.read_only, warm_up=lambda: warm_up(ports)).run("stdio")
+    finally:
+        ports.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

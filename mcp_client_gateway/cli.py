@@ -1,0 +1,729 @@
+"""``tpuctl``: the human CLI on the same core as the MCP gateway.
+
+Data goes to stdout (rich tables, or JSON with ``--format json``); progress, prompts and errors go to
+stderr. ``--quiet`` turns off progress and prompts (a command that needs confirmation then fails) and prints
+only ids for commands. Exit codes, for scripts:
+
+====  ===========================================================================
+0     done
+1     unexpected error (details in the log on stderr)
+2     bad usage or invalid argument
+3     not found
+4     refused: needs confirmation, already exists, wrong state, permission denied
+5     the operation ended in failure (deployment FAILED, benchmark failed)
+6     ``--wait`` timed out (the work goes on; check with ``tpuctl status``)
+7     unavailable: the bus, the endpoint or the log service did not answer
+130   interrupted (Ctrl-C detaches; nothing is cancelled)
+====  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from mcp_client_gateway.core import GatewayCore, GatewayError, GatewayPorts
+from mcp_client_gateway.models import (
+    BenchmarkComparison,
+    BenchmarkView,
+    CommandAccepted,
+    DeploymentDetail,
+    DeploymentList,
+    ErrorCode,
+    HealthReport,
+    LogsView,
+    OperationView,
+    PlanView,
+    QueryResult,
+    SecretSaved,
+    ZonesView,
+)
+from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
+
+__all__ = ["EXIT_CODES", "main", "run"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+EXIT_FAILED = 5
+EXIT_TIMEOUT = 6
+EXIT_UNAVAILABLE = 7
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[ErrorCode, int] = {
+    "invalid_argument": EXIT_USAGE,
+    "not_found": EXIT_NOT_FOUND,
+    "already_exists": EXIT_REFUSED,
+    "failed_precondition": EXIT_REFUSED,
+    "confirmation_required": EXIT_REFUSED,
+    "permission_denied": EXIT_REFUSED,
+    "unavailable": EXIT_UNAVAILABLE,
+    "internal": EXIT_ERROR,
+}
+
+MODELS = MODEL_PRESET_NAMES
+ACCELERATORS = ACCELERATOR_TYPES
+TIERS = tuple(tier.value for tier in Tier)
+SEVERITIES = ("DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Usage(Exception):
+    """A usage problem found after parsing (exit 2)."""
+
+
+class Output:
+    """Where things go: data on stdout, everything else on stderr."""
+
+    def __init__(self, fmt: str, quiet: bool, stdout: TextIO, stderr: TextIO) -> None:
+        self.format = fmt
+        self.quiet = quiet
+        self.stdout = stdout
+        self.stderr = stderr
+        self.out = Console(file=stdout, highlight=False, soft_wrap=False)
+        self.err = Console(file=stderr, highlight=False, soft_wrap=True)
+
+    @property
+    def interactive(self) -> bool:
+        return not self.quiet and self.stdin_tty and self.stderr.isatty()
+
+    @property
+    def stdin_tty(self) -> bool:
+        return sys.stdin is not None and sys.stdin.isatty()
+
+    def data(self, model: BaseModel, render: Callable[[Any, Output], None]) -> None:
+        if self.format == "json":
+            self.stdout.write(model.model_dump_json(indent=2) + "\n")
+        else:
+            render(model, self)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.err.print(Text(text))
+
+
+# ---------------------------------------------------------------------------------------------- renderers
+
+
+def _cell(value: Any) -> Text:
+    """Table cells are plain Text, so markup-looking log or model text is shown, never interpreted."""
+    if value is None:
+        return Text("-")
+    if isinstance(value, float):
+        return Text(f"{value:g}")
+    return Text(str(value))
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def render_accepted(accepted: CommandAccepted, out: Output) -> None:
+    if out.quiet:
+        out.stdout.write(accepted.command_id + "\n")
+        return
+    verb = "Already received" if accepted.duplicate else "Published"
+    out.out.print(Text(f"{verb} {accepted.kind} for {accepted.deployment_id}"))
+    out.out.print(Text(f"command id: {accepted.command_id}"))
+
+
+def render_list(page: DeploymentList, out: Output) -> None:
+    rows = [
+        (d.deployment_id, d.model, d.accelerator, d.phase, d.zone, d.tier, d.endpoint, f"${d.spend_usd:.2f}")
+        for d in page.deployments
+    ]
+    out.out.print(
+        _table(
+            f"Deployments ({page.total})", ("ID", "MODEL", "ACCEL", "PHASE", "ZONE", "TIER", "ENDPOINT", "SPEND"), rows
+        )
+    )
+
+
+def render_detail(detail: DeploymentDetail, out: Output) -> None:
+    facts = [
+        ("deployment", detail.deployment_id),
+        ("model", detail.model),
+        ("accelerator", f"{detail.accelerator} ({detail.node.chips} chips)"),
+        ("phase", detail.phase + (f" since {detail.phase_since:%Y-%m-%d %H:%M}" if detail.phase_since else "")),
+        ("desired", detail.desired),
+        ("zone / tier", f"{detail.zone or '-'} / {detail.tier or '-'}"),
+        ("endpoint", detail.endpoint),
+        ("spend", f"${detail.spend_usd:.2f}" + (f" (${detail.hourly_usd:.2f}/h)" if detail.hourly_usd else "")),
+        ("message", detail.message or "-"),
+    ]
+    out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))
+    if detail.resources:
+        rows = [(r.name, r.zone, r.tier, r.state, r.node_state) for r in detail.resources]
+        out.out.print(_table("Resources", ("NAME", "ZONE", "TIER", "STATE", "NODE"), rows))
+    if detail.attempts:
+        rows = [(f"{a.at:%H:%M:%S}", a.zone, a.tier, a.outcome, a.detail) for a in detail.attempts[-10:]]
+        out.out.print(
+            _table(
+                f"Capacity search ({detail.attempts_total} steps)", ("AT", "ZONE", "TIER", "OUTCOME", "DETAIL"), rows
+            )
+        )
+    if detail.slis:
+        out.out.print(_table("SLIs", ("SLI", "VALUE"), sorted(detail.slis.items())))
+    if detail.node.system:
+        out.out.print(_table("Node", ("FIELD", "VALUE"), sorted((k, v) for k, v in detail.node.system.items())))
+
+
+def render_operation(view: OperationView, out: Output) -> None:
+    out.out.print(Text(f"{view.kind or 'command'} {view.status}: {view.stage}" + (" (done)" if view.done else "")))
+
+
+def render_zones(view: ZonesView, out: Output) -> None:
+    tiers = sorted({tier for zone in view.zones for tier in zone.usd_per_hour})
+    rows = [
+        (
+            z.zone,
+            *(f"${z.usd_per_hour[t]:.2f}" if t in z.usd_per_hour else "-" for t in tiers),
+            "yes" if z.available else "no",
+            ", ".join(f"{t}: {k}" for t, k in z.blocked_tiers.items()) or "-",
+        )
+        for z in view.zones
+    ]
+    title = f"Zones for {view.accelerator} ({view.chips} chips), $/hour, prices of {view.price_table_date}"
+    out.out.print(_table(title, ("ZONE", *(t.upper() for t in tiers), "OPEN", "BLOCKED"), rows))
+    for block in view.region_blocks:
+        out.out.print(Text(f"region/project block: {block.key} ({block.reason})"))
+
+
+def render_plan(plan: PlanView, out: Output) -> None:
+    c = plan.capacity
+    facts = [
+        ("model / slice", f"{plan.model} ({plan.hub_id}) on {plan.accelerator}, {plan.chips} chips {plan.topology}"),
+        ("tensor parallel", c.tensor_parallel),
+        ("usable HBM per chip", f"{c.usable_hbm_gib:.2f} GiB at {c.gpu_memory_utilization:.0%}"),
+        ("weights per chip", f"{c.weights_gib:.2f} GiB ({c.weights_source})"),
+        ("KV cache per chip", f"{c.kv_gib:.2f} GiB, {c.kv_cache_dtype}, {c.kv_bytes_per_token:,} B/token"),
+        ("free per chip", f"{c.free_gib:.2f} GiB (activations ~{c.activation_gib_estimate:.2f} GiB)"),
+        ("KV tokens", f"{c.kv_tokens:,} ({c.num_blocks} blocks of {c.block_size})"),
+        ("context", f"{c.max_model_len:,} tokens, {c.max_sequences_at_context} full-context sequences at once"),
+        ("verdict", "fits" if plan.fits else "does not fit: " + "; ".join(plan.reasons)),
+    ]
+    if not plan.fits:
+        facts.append(("smallest slice that fits", plan.smallest_fitting_slice or "none in this family"))
+    out.out.print(_table("Serving plan", ("FIGURE", "VALUE"), facts))
+    rows = [
+        (
+            cost.region,
+            cost.tier,
+            f"${cost.usd_per_hour:.2f}",
+            f"${cost.usd_per_day:.2f}",
+            f"${cost.usd_for_ttl:.2f}" if cost.usd_for_ttl is not None else "-",
+            f"${cost.usd_per_million_tokens:.2f}" if cost.usd_per_million_tokens is not None else "-",
+        )
+        for cost in plan.costs
+    ]
+    out.out.print(
+        _table(
+            f"Cost (prices of {plan.price_table_date})", ("REGION", "TIER", "HOUR", "DAY", "TTL", "PER 1M TOK"), rows
+        )
+    )
+    out.out.print(Text(f"image {plan.image}"))
+    out.out.print(Text("vllm " + " ".join(plan.argv[1:] if plan.argv[:1] == ["vllm"] else plan.argv)))
+    for note in plan.notes:
+        out.note(f"note: {note}")
+
+
+def render_query(result: QueryResult, out: Output) -> None:
+    out.out.print(Text(result.text))
+    ttft = f"{result.ttft_ms:.0f} ms" if result.ttft_ms is not None else "n/a"
+    stats = (
+        f"model {result.model} | TTFT {ttft} | total {result.total_ms:.0f} ms | "
+        f"{result.completion_tokens} tokens | {result.decode_tokens_per_s or 'n/a'} tok/s decode"
+    )
+    if not out.quiet:
+        out.err.print(Text(stats))
+
+
+def render_logs(view: LogsView, out: Output) -> None:
+    rows = [(f"{e.time:%m-%d %H:%M:%S}" if e.time else "-", e.severity, e.source, e.message) for e in view.entries]
+    out.out.print(_table("Logs (untrusted text)", ("TIME", "SEVERITY", "SOURCE", "MESSAGE"), rows))
+    if view.truncated:
+        out.note("output was cut to stay within bounds; narrow it with --minutes, --severity or --limit")
+
+
+def render_health(report: HealthReport, out: Output) -> None:
+    rows = [(c.name, "ok" if c.ok else "FAIL", c.latency_ms, c.detail) for c in report.checks]
+    verdict = "healthy" if report.healthy else "unhealthy"
+    out.out.print(_table(f"{report.deployment_id}: {verdict}", ("CHECK", "RESULT", "MS", "DETAIL"), rows))
+
+
+def render_benchmark(view: BenchmarkView, out: Output) -> None:
+    rows = [(name, value, view.change_pct.get(name)) for name, value in view.headline.items()]
+    out.out.print(_table(f"Benchmark {view.run_id} ({view.status})", ("METRIC", "VALUE", "CHANGE %"), rows))
+    if view.error:
+        out.out.print(Text(f"error: {view.error}"))
+
+
+def render_comparison(view: BenchmarkComparison, out: Output) -> None:
+    names = sorted({name for row in view.rows for name in row.metrics})[:6]
+    rows = [
+        (r.run_id[:8], r.deployment_id, r.model, r.accelerator, r.status, *(r.metrics.get(n) for n in names))
+        for r in view.rows
+    ]
+    out.out.print(_table("Benchmarks", ("RUN", "DEPLOYMENT", "MODEL", "ACCEL", "STATUS", *names), rows))
+
+
+def render_secret(saved: SecretSaved, out: Output) -> None:
+    verb = "replaced" if saved.replaced else "unchanged" if saved.version == "unchanged" else "stored"
+    out.out.print(Text(f"Hugging Face token {verb}: {saved.name} ({saved.version})"))
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, poll_s: float) -> int:
+    """Follow a command until it is done; live view on a TTY, stage changes otherwise. Ctrl-C detaches."""
+    deadline = time.monotonic() + timeout_s
+    last_stage = ""
+    started = time.monotonic()
+    live = out.interactive and out.format != "json"
+    status_ctx = out.err.status("waiting", spinner="dots") if live else None
+    try:
+        if status_ctx is not None:
+            status_ctx.__enter__()
+        while True:
+            view = core.get_operation(command_id)
+            elapsed = int(time.monotonic() - started)
+            if status_ctx is not None:
+                status_ctx.update(Text(f"{view.stage}  [{elapsed}s]"))
+            elif view.stage != last_stage and not out.quiet:
+                out.err.print(Text(f"[{elapsed:>5}s] {view.stage}"))
+            last_stage = view.stage
+            if view.done:
+                break
+            if time.monotonic() >= deadline:
+                out.note(
+                    f"still running after {timeout_s:g}s; follow it with: tpuctl status {view.deployment_id or ''}"
+                )
+                return EXIT_TIMEOUT
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        out.note("detached; the work goes on in the controller")
+        return EXIT_INTERRUPTED
+    finally:
+        if status_ctx is not None:
+            status_ctx.__exit__(None, None, None)
+    out.data(view, render_operation)
+    failed = view.status in ("rejected", "failed") or view.phase == "FAILED" or view.benchmark_status == "failed"
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _confirm(args: argparse.Namespace, out: Output, expected: str, what: str) -> str | None:
+    """The confirmation to pass to the core: --confirm, or typed at a prompt when interactive."""
+    if args.confirm is not None:
+        return str(args.confirm)
+    if not out.interactive:
+        return None
+    out.err.print(Text(f"{what}. Type '{expected}' to confirm: "), end="")
+    try:
+        return input().strip()
+    except EOFError:
+        return None
+
+
+def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    accepted = core.create_deployment(
+        deployment_id=args.deployment_id,
+        model=args.model,
+        accelerator=args.accelerator,
+        zones=args.zone or ["us-east5-b"],
+        tiers=args.tier,
+        hedge=args.hedge,
+        ttl_hours=args.ttl_hours,
+        budget_usd=args.budget_usd,
+        idle_minutes=args.idle_minutes,
+        max_model_len=args.max_model_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+        command_id=args.command_id,
+    )
+    out.data(accepted, render_accepted)
+    if args.wait:
+        return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
+    return EXIT_OK
+
+
+def cmd_status(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    if args.deployment_id:
+        out.data(core.get_deployment(args.deployment_id), render_detail)
+    else:
+        out.data(core.list_deployments(include_deleted=args.all, limit=100), render_list)
+    return EXIT_OK
+
+
+def cmd_delete(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    what = core.confirmation_text("delete", args.deployment_id)
+    accepted = core.delete_deployment(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    out.data(accepted, render_accepted)
+    if args.wait:
+        return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
+    return EXIT_OK
+
+
+def cmd_stop(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    what = core.confirmation_text("stop", args.deployment_id)
+    accepted = core.stop_deployment(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    out.data(accepted, render_accepted)
+    return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
+
+
+def cmd_start(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    accepted = core.start_deployment(args.deployment_id)
+    out.data(accepted, render_accepted)
+    return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
+
+
+def cmd_plan(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    plan = core.plan(
+        model=args.model,
+        accelerator=args.accelerator,
+        zones=args.zone or ["us-east5-b"],
+        tiers=args.tier,
+        max_model_len=args.max_model_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        ttl_hours=args.ttl_hours,
+        tokens_per_second=args.tokens_per_second,
+    )
+    out.data(plan, render_plan)
+    return EXIT_OK if plan.fits else EXIT_REFUSED
+
+
+def cmd_zones(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    out.data(core.list_zones(accelerator=args.accelerator, tier=args.tier), render_zones)
+    return EXIT_OK
+
+
+def cmd_query(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    result = core.query_model(
+        args.deployment_id,
+        prompt=prompt,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        system_prompt=args.system,
+    )
+    out.data(result, render_query)
+    return EXIT_OK
+
+
+def cmd_health(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    report = core.check_health(args.deployment_id)
+    out.data(report, render_health)
+    return EXIT_OK if report.healthy else EXIT_FAILED
+
+
+def cmd_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    view = core.get_logs(
+        deployment_id=args.deployment_id,
+        source=args.source,
+        min_severity=args.severity,
+        minutes=args.minutes,
+        limit=args.limit,
+        max_chars=64 * 1024,
+    )
+    out.data(view, render_logs)
+    return EXIT_OK
+
+
+def cmd_bench_run(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    benchmark: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "endpoint": args.endpoint,
+    }
+    accepted = core.run_benchmark(args.deployment_id, benchmark=benchmark, command_id=args.command_id)
+    out.data(accepted, render_accepted)
+    if not args.wait:
+        return EXIT_OK
+    code = _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
+    if code == EXIT_OK:
+        out.data(core.get_benchmark(accepted.command_id), render_benchmark)
+    return code
+
+
+def cmd_bench_show(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    view = core.get_benchmark(args.run_id)
+    out.data(view, render_benchmark)
+    return EXIT_FAILED if view.status == "failed" else EXIT_OK
+
+
+def cmd_bench_compare(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    out.data(
+        core.compare_benchmarks(deployment_id=args.deployment, model=args.model, limit=args.limit), render_comparison
+    )
+    return EXIT_OK
+
+
+def cmd_token_set(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    """Read the token from a pipe or a hidden prompt: never from argv, where ps and shell history see it."""
+    if sys.stdin is not None and not sys.stdin.isatty():
+        token = sys.stdin.readline().strip()
+    elif out.quiet:
+        raise _Usage("token set: pipe the token on stdin when --quiet is given")
+    else:
+        token = getpass.getpass("Hugging Face token (hidden): ", stream=out.stderr).strip()
+    confirm = args.confirm
+    if confirm is None and core.hf_token_exists() and out.interactive:
+        name = core.settings.hf_token_secret
+        out.err.print(Text(f"A token is already stored in '{name}'. Type '{name}' to replace it: "), end="")
+        confirm = input().strip()
+    out.data(core.save_hf_token(token, confirm=confirm), render_secret)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+def _csv_ints(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated integers, e.g. 1,4,16") from None
+
+
+def _common_options(*, top: bool) -> argparse.ArgumentParser:
+    """Options accepted before or after the command; below the top level they must not reset the top's values."""
+    common = argparse.ArgumentParser(add_help=False)
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    common.add_argument(
+        "--format", choices=("table", "json"), default=default("table"), help="output format (default table)"
+    )
+    common.add_argument(
+        "--quiet", "-q", action="store_true", default=default(False), help="no progress, no prompts, ids only"
+    )
+    common.add_argument("--backend", choices=("local", "gcp"), default=default(None), help="overrides TPUCTL_BACKEND")
+    common.add_argument("--project", default=default(None), help="overrides TPUCTL_PROJECT")
+    common.add_argument("--data-dir", default=default(None), help="overrides TPUCTL_DATA_DIR")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options(top=False)
+
+    waiting = argparse.ArgumentParser(add_help=False)
+    waiting.add_argument("--wait", action="store_true", help="follow progress until done (Ctrl-C detaches)")
+    waiting.add_argument("--timeout", type=float, default=3600.0, help="give up waiting after this many seconds")
+    waiting.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+
+    parser = argparse.ArgumentParser(
+        prog="tpuctl",
+        description="Serve Gemma 4 on Cloud TPU with vLLM: the human CLI of the tpuctl gateway.",
+        parents=[_common_options(top=True)],
+        epilog="Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 refused, 5 failed, 6 timeout, 7 unavailable.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    deploy = sub.add_parser("deploy", parents=[common, waiting], help="create a deployment")
+    deploy.add_argument("deployment_id")
+    deploy.add_argument("--model", required=True, choices=MODELS)
+    deploy.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
+    deploy.add_argument("--zone", action="append", help="allowed zone, best first (repeat)")
+    deploy.add_argument("--tier", action="append", choices=TIERS, help="capacity tier in priority order (repeat)")
+    deploy.add_argument("--hedge", type=int)
+    deploy.add_argument("--ttl-hours", type=float)
+    deploy.add_argument("--budget-usd", type=float)
+    deploy.add_argument("--idle-minutes", type=int)
+    deploy.add_argument("--max-model-len", type=int)
+    deploy.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
+    deploy.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
+    deploy.set_defaults(handler=cmd_deploy)
+
+    status = sub.add_parser("status", parents=[common], help="list deployments, or show one")
+    status.add_argument("deployment_id", nargs="?")
+    status.add_argument("--all", action="store_true", help="include deleted deployments")
+    status.set_defaults(handler=cmd_status)
+
+    for name, handler, text in (
+        ("delete", cmd_delete, "delete a deployment (asks for confirmation)"),
+        ("stop", cmd_stop, "release the TPU, keep the deployment (asks for confirmation)"),
+    ):
+        destructive = sub.add_parser(name, parents=[common, waiting], help=text)
+        destructive.add_argument("deployment_id")
+        destructive.add_argument("--confirm", metavar="DEPLOYMENT_ID", help="confirm without a prompt")
+        destructive.set_defaults(handler=handler)
+
+    start = sub.add_parser("start", parents=[common, waiting], help="start a stopped deployment")
+    start.add_argument("deployment_id")
+    start.set_defaults(handler=cmd_start)
+
+    plan = sub.add_parser("plan", parents=[common], help="will it fit, how vLLM runs, what it costs")
+    plan.add_argument("--model", required=True, choices=MODELS)
+    plan.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
+    plan.add_argument("--zone", action="append", help="zone or region to price (repeat)")
+    plan.add_argument("--tier", action="append", choices=TIERS, help="tier to price (repeat)")
+    plan.add_argument("--max-model-len", type=int)
+    plan.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
+    plan.add_argument("--gpu-memory-utilization", type=float)
+    plan.add_argument("--ttl-hours", type=float)
+    plan.add_argument("--tokens-per-second", type=float, help="measured output tokens/s, to price 1M tokens")
+    plan.set_defaults(handler=cmd_plan)
+
+    zones = sub.add_parser("zones", parents=[common], help="zones, prices and capacity memory")
+    zones.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
+    zones.add_argument("--tier", choices=TIERS)
+    zones.set_defaults(handler=cmd_zones)
+
+    query = sub.add_parser("query", parents=[common], help="ask the deployed model (with timing)")
+    query.add_argument("deployment_id")
+    query.add_argument("prompt", help="the question, or - to read it from stdin")
+    query.add_argument("--max-tokens", type=int, default=256)
+    query.add_argument("--temperature", type=float, default=0.0)
+    query.add_argument("--system", help="system message")
+    query.set_defaults(handler=cmd_query)
+
+    health = sub.add_parser("health", parents=[common], help="deep health check of a deployment")
+    health.add_argument("deployment_id")
+    health.set_defaults(handler=cmd_health)
+
+    logs = sub.add_parser("logs", parents=[common], help="recent log lines (untrusted text)")
+    logs.add_argument("deployment_id", nargs="?")
+    logs.add_argument("--source", choices=("any", "controller", "node"), default="any")
+    logs.add_argument("--severity", choices=SEVERITIES, default="DEFAULT")
+    logs.add_argument("--minutes", type=int, default=60)
+    logs.add_argument("--limit", type=int, default=100)
+    logs.set_defaults(handler=cmd_logs)
+
+    bench = sub.add_parser("bench", parents=[common], help="run, show and compare benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    run_bench = bench_sub.add_parser("run", parents=[common, waiting], help="benchmark a serving deployment")
+    run_bench.add_argument("deployment_id")
+    run_bench.add_argument("--concurrency", type=_csv_ints, default=[1, 4, 16], help="e.g. 1,4,16")
+    run_bench.add_argument("--num-prompts", type=int, default=64)
+    run_bench.add_argument("--input-len", type=int, default=256)
+    run_bench.add_argument("--output-len", type=int, default=64)
+    run_bench.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
+    run_bench.add_argument("--command-id", help="idempotency key (UUID)")
+    run_bench.set_defaults(handler=cmd_bench_run)
+    show = bench_sub.add_parser("show", parents=[common], help="one run with its comparison")
+    show.add_argument("run_id")
+    show.set_defaults(handler=cmd_bench_show)
+    compare = bench_sub.add_parser("compare", parents=[common], help="runs side by side")
+    compare.add_argument("--deployment")
+    compare.add_argument("--model", choices=MODELS)
+    compare.add_argument("--limit", type=int, default=20)
+    compare.set_defaults(handler=cmd_bench_compare)
+
+    serve = sub.add_parser("mcp", parents=[common], help="serve the MCP gateway on stdio (for agent CLIs)")
+    serve.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
+    serve.set_defaults(handler=None)
+
+    token = sub.add_parser("token", parents=[common], help="store the Hugging Face token")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    token_set = token_sub.add_parser("set", parents=[common], help="read it from stdin or a hidden prompt")
+    token_set.add_argument("--confirm", metavar="SECRET_NAME", help="replace a stored token without a prompt")
+    token_set.set_defaults(handler=cmd_token_set)
+    return parser
+
+
+def run(
+    argv: Sequence[str] | None = None,
+    *,
+    ports: GatewayPorts | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Parse ``argv`` and run one command; returns the exit code. ``ports`` lets tests inject their own."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "mcp":
+        return _serve_mcp(args)
+    out = Output(args.format, args.quiet, stdout, stderr)
+    owned = ports is None
+    if ports is None:
+        built = _build_ports(args, out)
+        if built is None:
+            return EXIT_USAGE
+        ports = built
+    core = GatewayCore(ports)
+    try:
+        return int(args.handler(core, args, out))
+    except GatewayError as exc:
+        out.err.print(Text(f"error: {exc.render()}"))
+        return EXIT_CODES.get(exc.code, EXIT_ERROR)
+    except _Usage as exc:
+        out.err.print(Text(f"error: {exc}"))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        out.note("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception:
+        log.exception("tpuctl failed unexpectedly")
+        out.err.print(Text("error: unexpected failure; the log above has the details"))
+        return EXIT_ERROR
+    finally:
+        if owned:
+            ports.close()
+
+
+def _serve_mcp(args: argparse.Namespace) -> int:
+    """``tpuctl mcp``: the same server as ``python -m mcp_client_gateway`` (stdout is the wire from here on)."""
+    from mcp_client_gateway.__main__ import main as serve
+
+    forwarded: list[str] = []
+    for flag, value in (("--backend", args.backend), ("--project", args.project), ("--data-dir", args.data_dir)):
+        if value:
+            forwarded += [flag, str(value)]
+    if args.read_only:
+        forwarded.append("--read-only")
+    return serve(forwarded)
+
+
+def _build_ports(args: argparse.Namespace, out: Output) -> GatewayPorts | None:
+    from mcp_client_gateway.ports import build_ports
+    from shared.config import Settings
+    from shared.logging import configure_logging
+
+    overrides: dict[str, Any] = {}
+    for key in ("backend", "project", "data_dir"):
+        value = getattr(args, key, None)
+        if value:
+            overrides[key] = value
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(str(e.get("msg", "")) for e in exc.errors(include_url=False, include_input=False))
+        out.err.print(Text(f"error: bad configuration: {problems}"))
+        return None
+    configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level, stream=out.stderr)
+    return build_ports(settings)
+
+
+def main() -> None:
+    """Console-script entry point (``tpuctl``)."""
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

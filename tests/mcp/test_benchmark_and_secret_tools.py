@@ -1,0 +1,178 @@
+"""Benchmark tools (run, result, compare) and the Hugging Face token tool."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.types import ElicitResult
+
+from shared.domain.models import BenchmarkRun, Phase
+from shared.messages import RunBenchmark, new_command_id
+from tests.mcp.conftest import HF_TOKEN, GatewayWorld
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **client: Any) -> Any:
+    async with Client(world.server(), **client) as session:
+        return await session.call_tool(tool, arguments)
+
+
+def text(result: Any) -> str:
+    return " ".join(block.text for block in result.content if hasattr(block, "text"))
+
+
+def run_record(
+    deployment_id: str,
+    *,
+    minutes_ago: float,
+    peak: float,
+    ttft: float,
+    model: str = "gemma-4-26b-a4b",
+    status: str = "completed",
+) -> BenchmarkRun:
+    at = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    points = [  # the benchmarker's stored shape: one flat object per sweep level
+        {"level": 1, "output_throughput": peak / 4, "request_throughput": 1.0, "median_ttft_ms": ttft / 2},
+        {"level": 16, "output_throughput": peak, "request_throughput": 4.0, "median_ttft_ms": ttft},
+    ]
+    return BenchmarkRun(
+        run_id=new_command_id(),
+        deployment_id=deployment_id,
+        status=status,  # type: ignore[arg-type]
+        request={"mode": "concurrency", "concurrency": [1, 16]},
+        result={"points": points} if status == "completed" else None,
+        plan={"model": model, "accelerator": "v6e-4", "tier": "spot"},
+        created_at=at,
+        updated_at=at,
+    )
+
+
+class TestRunBenchmark:
+    async def test_a_serving_deployment_gets_a_run_command_whose_id_is_the_run_id(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        result = await call(
+            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "concurrency": [1, 8], "output_len": 32}
+        )
+        assert not result.is_error, text(result)
+        (message,) = world.published()
+        assert isinstance(message, RunBenchmark)
+        assert message.command_id == result.structured_content["command_id"]
+        assert message.benchmark.concurrency == (1, 8) and message.benchmark.output_len == 32
+
+    async def test_a_deployment_that_is_not_serving_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", phase=Phase.COMPILING)
+        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a"})
+        assert result.is_error and "[failed_precondition]" in text(result)
+        assert world.published() == []
+
+    async def test_rate_mode_without_rates_is_refused_naming_the_field(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "mode": "rate"})
+        assert result.is_error and "[invalid_argument] request_rate" in text(result)
+        assert world.published() == []
+
+    async def test_an_absurd_sweep_is_refused_by_the_schema(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "concurrency": [100000]})
+        assert result.is_error and "concurrency" in text(result)
+
+
+class TestResults:
+    async def test_a_run_shows_headline_figures_at_the_peak_and_the_change_from_the_last_run(
+        self, world: GatewayWorld
+    ) -> None:
+        older = run_record("gemma-a", minutes_ago=60, peak=500.0, ttft=200.0)
+        newer = run_record("gemma-a", minutes_ago=5, peak=600.0, ttft=150.0)
+        for run in (older, newer):
+            world.store.create_benchmark_run(run)
+        result = await call(world, "tpu_get_benchmark", {"run_id": newer.run_id})
+        assert not result.is_error, text(result)
+        body = result.structured_content
+        assert body["headline"]["peak_output_throughput"] == 600.0
+        assert body["headline"]["peak_at_level"] == 16.0
+        assert body["headline"]["median_ttft_ms_at_knee"] == 150.0  # no knee recorded: at the peak level
+        assert body["previous"]["run_id"] == older.run_id
+        assert body["change_pct"]["peak_output_throughput"] == pytest.approx(20.0)
+        assert body["change_pct"]["median_ttft_ms_at_knee"] == pytest.approx(-25.0)
+
+    async def test_an_unknown_run_is_not_found_and_a_malformed_id_refused(self, world: GatewayWorld) -> None:
+        missing = await call(world, "tpu_get_benchmark", {"run_id": new_command_id()})
+        assert missing.is_error and "[not_found]" in text(missing)
+        bad = await call(world, "tpu_get_benchmark", {"run_id": "latest"})
+        assert bad.is_error and "run_id" in text(bad)
+
+    async def test_compare_puts_runs_of_several_deployments_side_by_side(self, world: GatewayWorld) -> None:
+        fast = run_record("gemma-a", minutes_ago=30, peak=900.0, ttft=120.0)
+        slow = run_record("gemma-b", minutes_ago=20, peak=300.0, ttft=400.0, model="gemma-4-31b")
+        failed = run_record("gemma-b", minutes_ago=10, peak=0, ttft=0, model="gemma-4-31b", status="failed")
+        for run in (fast, slow, failed):
+            world.store.create_benchmark_run(run)
+        result = await call(world, "tpu_compare_benchmarks", {})
+        body = result.structured_content
+        assert [row["run_id"] for row in body["rows"]] == [failed.run_id, slow.run_id, fast.run_id]
+        assert body["best"]["peak_output_throughput"] == fast.run_id
+        assert body["best"]["median_ttft_ms_at_knee"] == fast.run_id
+        only_31b = await call(world, "tpu_compare_benchmarks", {"model": "gemma-4-31b"})
+        assert {row["deployment_id"] for row in only_31b.structured_content["rows"]} == {"gemma-b"}
+        bad = await call(world, "tpu_compare_benchmarks", {"limit": 0})
+        assert bad.is_error and "limit" in text(bad)
+
+
+class TestHuggingFaceToken:
+    async def test_a_token_is_stored_and_never_returned(self, world: GatewayWorld) -> None:
+        result = await call(world, "tpu_save_hf_token", {"token": HF_TOKEN})
+        assert not result.is_error, text(result)
+        assert result.structured_content == {
+            "name": "tpuctl-hf-token",
+            "version": "secrets/tpuctl-hf-token/versions/1",
+            "replaced": False,
+        }
+        assert HF_TOKEN not in text(result)
+        assert world.secrets.get("tpuctl-hf-token") == HF_TOKEN
+
+    async def test_a_malformed_token_is_refused_without_repeating_it(self, world: GatewayWorld) -> None:
+        attempt = "not-a-token-but-secretish-0123456789"
+        result = await call(world, "tpu_save_hf_token", {"token": attempt})
+        assert result.is_error and "[invalid_argument] token" in text(result)
+        assert attempt not in text(result)
+        assert world.secrets.get("tpuctl-hf-token") is None
+
+    async def test_replacing_a_stored_token_needs_confirmation(self, world: GatewayWorld) -> None:
+        world.secrets.put("tpuctl-hf-token", HF_TOKEN)
+        replacement = "hf_Replacement0123456789abcdefghij"
+        refused = await call(world, "tpu_save_hf_token", {"token": replacement})
+        assert (
+            refused.is_error
+            and "[confirmation_required]" in text(refused)
+            and "confirm='tpuctl-hf-token'" in text(refused)
+        )
+        assert world.secrets.get("tpuctl-hf-token") == HF_TOKEN
+        done = await call(world, "tpu_save_hf_token", {"token": replacement, "confirm": "tpuctl-hf-token"})
+        assert not done.is_error and done.structured_content["replaced"] is True
+        assert world.secrets.get("tpuctl-hf-token") == replacement
+
+    async def test_an_elicitation_client_is_asked_before_a_replacement_and_never_for_the_token(
+        self, world: GatewayWorld
+    ) -> None:
+        world.secrets.put("tpuctl-hf-token", HF_TOKEN)
+        asked: list[Any] = []
+
+        async def decline(context: Any, params: Any) -> ElicitResult:
+            asked.append(params)
+            return ElicitResult(action="decline")
+
+        result = await call(
+            world, "tpu_save_hf_token", {"token": "hf_Replacement0123456789abcdefghij"}, elicitation_callback=decline
+        )
+        assert result.is_error and "declined" in text(result)
+        assert len(asked) == 1 and list(asked[0].requested_schema["properties"]) == ["confirm"]
+        assert world.secrets.get("tpuctl-hf-token") == HF_TOKEN
+
+    async def test_saving_the_same_token_again_changes_nothing(self, world: GatewayWorld) -> None:
+        world.secrets.put("tpuctl-hf-token", HF_TOKEN)
+        result = await call(world, "tpu_save_hf_token", {"token": HF_TOKEN})
+        assert not result.is_error and result.structured_content["version"] == "unchanged"

