@@ -18,6 +18,13 @@ Python API (stable; other components build on it)::
     world.clock                                      # a shared.ports.Clock reading virtual time
     server.stop()
 
+The same server also speaks the Compute Engine subset for TPU VMs (``/compute/v1/...``: instances,
+zonal operations, machine types; point ``ComputeEngineTpu(endpoint=base_url)`` at it) and the Cloud
+Billing Catalog subset (``/v1/services/6F81-5844-456A/skus``), on the same clock, pools and meter::
+
+    world.compute.status("us-east5-b", "vm-1")       # "PENDING", "RUNNING", ... or None (also instance())
+    world.preempt("us-east5-b", instance="vm-1")     # a spot VM: STOPPING, then gone (termination action DELETE)
+
 ``World(..., time_scale=60)`` makes virtual time run 60x the wall clock (the server's ticker keeps it
 moving); the default 0 moves time only on ``advance()`` so tests are deterministic. Admin HTTP calls
 live under ``/_sim/`` (state, clock, advance, capacity, preempt, reset, faults, invariants, billing,

@@ -19,7 +19,10 @@ from shared.domain.prices import price_per_chip_hour
 
 __all__ = [
     "SCENARIO_DIR",
+    "BillingCatalogSpec",
     "CapacityStep",
+    "ComputeQuotaSpec",
+    "ComputeZoneSpec",
     "ErrorSpec",
     "FaultSpec",
     "Limits",
@@ -153,6 +156,28 @@ class TimingOverrides(BaseModel):
     flex_refusal_s: tuple[float, float] | None = None
 
 
+class ComputeZoneSpec(BaseModel):
+    """The same zone as the simulated Compute Engine API sees it (TPU VMs as ``ct6e-standard-*t`` instances).
+
+    ``None`` fields follow the zone's TPU API settings, so every existing scenario offers its zones through
+    both APIs with the same capacity pools; set them to make the two APIs differ.
+    """
+
+    model_config = _STRICT
+
+    served: bool | None = Field(
+        default=None, description="False: inserts get 400 'Unknown zone'. None: as the TPU API."
+    )
+    accelerators: tuple[str, ...] | None = Field(
+        default=None,
+        description="Slice types offered as machine types (v6e-4 -> ct6e-standard-4t). None: as the TPU API.",
+    )
+    provisioning_models: tuple[ProvisioningModel, ...] | None = None
+    stockout_error: Literal["pool", "pool_with_details"] = Field(
+        default="pool", description="ZONE_RESOURCE_POOL_EXHAUSTED or its _WITH_DETAILS variant on a stockout."
+    )
+
+
 class ZoneSpec(BaseModel):
     """One zone as the simulated TPU API sees it."""
 
@@ -177,6 +202,7 @@ class ZoneSpec(BaseModel):
         default="capacity", description="Which LRO error a node-create stockout shows: code 8, 13 or 9."
     )
     timings: TimingOverrides = Field(default_factory=TimingOverrides)
+    compute: ComputeZoneSpec = Field(default_factory=ComputeZoneSpec, description="Compute Engine view of the zone.")
 
     @field_validator("capacity")
     @classmethod
@@ -198,6 +224,32 @@ class QuotaSpec(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9]+$")
     location: str
     limit: int = Field(ge=0)
+
+
+class ComputeQuotaSpec(BaseModel):
+    """A Compute Engine regional TPU quota in chips: the preemptible pool or the TPU family pool.
+
+    Spot draws on ``preemptible``, standard on ``family``, flex-start on ``preemptible`` first and then on
+    ``family`` (reference-agent.md §11). A region with no entry for a metric is not limited by it.
+    """
+
+    model_config = _STRICT
+
+    metric: Literal["preemptible", "family"]
+    region: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")
+    limit: int = Field(ge=0)
+    family: str = "v6e"
+
+
+class BillingCatalogSpec(BaseModel):
+    """What the simulated Cloud Billing Catalog serves for Compute Engine (service 6F81-5844-456A)."""
+
+    model_config = _STRICT
+
+    omit_tiers: tuple[Literal["flex_start", "spot", "on_demand", "reservation"], ...] = Field(
+        default=(), description="Tiers with no SKU at all (to test the table fallback)."
+    )
+    page_size: int = Field(default=50, ge=1, le=5000, description="SKUs per page when the client sets none.")
 
 
 class ErrorSpec(BaseModel):
@@ -259,6 +311,10 @@ class Scenario(BaseModel):
         description="region -> tier -> USD per chip-hour, over the dated table in shared.domain.prices",
     )
     faults: tuple[FaultSpec, ...] = ()
+    compute_quotas: tuple[ComputeQuotaSpec, ...] = Field(
+        default=(), description="Compute Engine regional TPU quotas (the TPU API's quotas do not apply there)."
+    )
+    billing_catalog: BillingCatalogSpec = Field(default_factory=BillingCatalogSpec)
     valid_until_error: ErrorSpec = ErrorSpec(
         code=8,
         message="The queued resource was not provisioned before its valid-until time: there is no more capacity in "

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import ValidationError
 
+from localcloud.tpu_sim.compute_wire import COMPUTE_PREFIXES, compute_dispatch
 from localcloud.tpu_sim.scenario import FaultSpec
 from localcloud.tpu_sim.wire import HTTP_STATUS_NAMES, SimApiError
 from localcloud.tpu_sim.world import World
@@ -213,8 +214,13 @@ def _admin(world: World, method: str, path: str, query: Query, body: Any) -> Res
         return 200, world.pool(str(args["zone"]), str(args["pool"]), str(args.get("family", "v6e")))
     if method == "POST" and path == "/_sim/preempt":
         if "zone" not in args:
-            raise ValueError("zone: required in the JSON body, with node or queued_resource")
-        hit = world.preempt(str(args["zone"]), node=args.get("node"), queued_resource=args.get("queued_resource"))
+            raise ValueError("zone: required in the JSON body, with node, queued_resource or instance")
+        hit = world.preempt(
+            str(args["zone"]),
+            node=args.get("node"),
+            queued_resource=args.get("queued_resource"),
+            instance=args.get("instance"),
+        )
         return 200, {"preempted": hit}
     if method == "POST" and path == "/_sim/reset":
         world.reset()
@@ -289,6 +295,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/_sim/"):
             return _admin(self.world, method, path, query, body)
         self._check_auth()
+        if path.startswith(COMPUTE_PREFIXES):  # Compute Engine and Cloud Billing Catalog subsets
+            return compute_dispatch(self.world, method, path, query, body)
         for route_method, pattern, name, handler in ROUTES:
             if route_method != method:
                 continue

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localcloud.tpu_sim.scenario import FaultSpec, Scenario, ZoneSpec, load_scenario
 from localcloud.tpu_sim.wire import (
@@ -42,6 +42,9 @@ from localcloud.tpu_sim.wire import (
     quota_id,
     topology_of,
 )
+
+if TYPE_CHECKING:
+    from localcloud.tpu_sim.compute import ComputeEngine
 
 __all__ = ["NodeEvent", "SimClock", "World"]
 
@@ -263,6 +266,9 @@ class World:
                         self._schedule(self._start + step.at_s, self._on_capacity_step, key, step.chips)
                     if pool_spec.poisson is not None:
                         self._schedule_poisson(key)
+        from localcloud.tpu_sim.compute import ComputeEngine  # imports this module: loaded on first build
+
+        self.compute: ComputeEngine = ComputeEngine(self)  # TPU VMs through Compute Engine, same pools and meter
 
     def reset(self) -> None:
         """Back to the scenario's start: same seed, no resources, the clock at the start time."""
@@ -505,6 +511,7 @@ class World:
     def _match(self) -> None:
         dirty, self._dirty = sorted(self._dirty), set()
         for key in dirty:
+            self.compute.match(key)  # waiting flex-start instances (queued resources had the earlier turn)
             queue = self._waiting.get(key)
             if not queue:
                 continue
@@ -1637,8 +1644,13 @@ class World:
         with self._transaction():
             self._on_capacity_step((zone, family, pool), chips)
 
-    def preempt(self, zone: str, *, node: str | None = None, queued_resource: str | None = None) -> list[str]:
-        """Preempt one node, or every node of a queued resource (also while PROVISIONING); returns node ids."""
+    def preempt(
+        self, zone: str, *, node: str | None = None, queued_resource: str | None = None, instance: str | None = None
+    ) -> list[str]:
+        """Preempt one node, every node of a queued resource (also while PROVISIONING), or one Compute Engine
+        instance; returns the names hit."""
+        if instance is not None:
+            return self.compute.preempt(zone, instance)
         with self._transaction():
             if queued_resource is not None:
                 qr = self._qrs.get((zone, queued_resource))
@@ -1664,7 +1676,7 @@ class World:
         if not 0 < port < 65536:
             raise ValueError("port: must be 1-65535")
         with self._transaction():
-            node = self._nodes.get((zone, node_id))
+            node = self._nodes.get((zone, node_id)) or self.compute.node(zone, node_id)
             if node is None:
                 raise KeyError(f"node: {zone}/{node_id} does not exist")
             node.ip_address = ip_address
@@ -1763,7 +1775,7 @@ class World:
         chip_s = dict(self._chip_s_by_tier)
         usd_tier = dict(self._usd_by_tier)
         usd_owner = dict(self._usd_by_deployment)
-        for node in self._nodes.values():
+        for node in [*self._nodes.values(), *self.compute.billable()]:
             if node.ready_since is None:
                 continue
             span = self._now - node.ready_since
@@ -1801,6 +1813,9 @@ class World:
                 for node in self._nodes.values()
                 if node.qr_id is None and node.state != "DELETING"
             ]
+            instance_leftovers: list[dict[str, Any]] = []
+            instance_active: dict[str, list[str]] = {}
+            self.compute.add_invariants(resources, instance_leftovers, instance_active, max_leftover_s)
             for kind, zone, name, labels in sorted(resources):
                 owner = labels.get(LABEL_DEPLOYMENT)
                 if owner is None:
@@ -1820,7 +1835,8 @@ class World:
                 if node.state == "PREEMPTED":
                     age = self._now - node.state_since
                     leftovers.append(self._leftover("node", node.zone, node.node_id, node.state, age, max_leftover_s))
-            active: dict[str, list[str]] = {}
+            leftovers += instance_leftovers
+            active: dict[str, list[str]] = {owner: list(names) for owner, names in instance_active.items()}
             for qr in self._qrs.values():
                 owner = qr.labels.get(LABEL_DEPLOYMENT)
                 if owner and qr.state == "ACTIVE":
@@ -1877,6 +1893,7 @@ class World:
                     for (zone, family, pool), item in sorted(self._pools.items())
                 ],
                 "quota": quota,
+                "compute": self.compute.state(),
                 "billing": self._billing_locked(),
                 "operations": len(self._ops),
                 "pending_events": len(self._heap),

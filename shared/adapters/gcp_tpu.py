@@ -58,6 +58,7 @@ __all__ = [
 DEFAULT_ENDPOINT = "https://tpu.googleapis.com"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 TPU_RUNTIME_PORT = 8470
+VLLM_PORT = 8000  # shared.domain.launch.EngineConfig.port: where the startup script's vLLM listens
 
 # ---------------------------------------------------------------------------------------------- state tables
 
@@ -430,11 +431,13 @@ def _accelerator_of_config(config: Any) -> str:
 
 
 def _endpoint_of(endpoints: Sequence[Any]) -> str | None:
-    """``ip`` for a real TPU VM (vLLM on its own port), ``host:port`` when something attached a port."""
+    """vLLM's base URL on the node: ``http://ip:8000`` on a real TPU VM (the network endpoint names the TPU
+    runtime's port, not vLLM's), ``http://host:port`` when something attached a serving port (the local cloud).
+    The monitor, the gateway and the benchmarker use it as a URL as it is."""
     for item in endpoints:
         if item.ip_address:
             port = int(item.port or 0)
-            return item.ip_address if port in (0, TPU_RUNTIME_PORT) else f"{item.ip_address}:{port}"
+            return f"http://{item.ip_address}:{VLLM_PORT if port in (0, TPU_RUNTIME_PORT) else port}"
     return None
 
 

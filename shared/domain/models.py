@@ -98,10 +98,12 @@ class Tier(StrEnum):
 
 
 class Backend(StrEnum):
-    """Which Google API provisions the TPU VM."""
+    """Which Google API provisions the TPU VM. ``any`` is a spec choice only: the planner tries both
+    (``shared.domain.backends.candidate_backends``); every resource and request names a concrete one."""
 
     TPU_API = "tpu-api"
     COMPUTE_ENGINE = "compute-engine"
+    ANY = "any"
 
 
 class Desired(StrEnum):
@@ -270,6 +272,7 @@ class ResourceRef(BaseModel):
     active_at: UtcDateTime | None = None
     state_since: UtcDateTime | None = None  # when ``state`` last changed (stuck-provisioning detection)
     delete_requested_at: UtcDateTime | None = None  # set before the delete call; the ref leaves once gone
+    wait_until: UtcDateTime | None = None  # capacity-check deadline while WAITING (None: its own valid-until)
 
 
 class AttemptLog(BaseModel):

@@ -104,7 +104,8 @@ class TestVerbs:
         assert observed.owned_by == "dep-a"
         assert observed.accelerator == "v6e-4"
         assert observed.node_id == "dep-a-g1-a0"
-        assert observed.endpoint is not None and observed.endpoint.startswith("10.")
+        assert observed.endpoint is not None and observed.endpoint.startswith("http://10.")
+        assert observed.endpoint.endswith(":8000")  # vLLM's port, not the TPU runtime's 8470
         assert observed.created_at is not None and observed.created_at.isoformat() == "2026-12-02T12:00:00+00:00"
 
     def test_get_of_nothing_is_none(self, lab: TpuSimHandle) -> None:
@@ -182,12 +183,12 @@ class TestVerbs:
         first = lab.api.create(request())
         assert lab.api.create(request()).name == first.name
 
-    def test_an_attached_node_endpoint_reads_back_as_host_and_port(self, lab: TpuSimHandle) -> None:
+    def test_an_attached_node_endpoint_reads_back_as_a_url_with_its_port(self, lab: TpuSimHandle) -> None:
         lab.api.create(request())
         lab.advance(ACTIVE_AT)
         lab.world.set_node_endpoint(ZONE, "dep-a-g1-a0", "127.0.0.1", 18000)
         observed = lab.api.get(ZONE, "dep-a-g1-a0")
-        assert observed is not None and observed.endpoint == "127.0.0.1:18000"
+        assert observed is not None and observed.endpoint == "http://127.0.0.1:18000"
 
 
 class TestFlexStartAndPreemption:

@@ -1,0 +1,638 @@
+"""Capacity-search benchmark: our provisioner against two baselines on the same seeded TPU worlds.
+
+Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-process):
+
+* ``ours``: the real ``Provisioner`` (SQLite store, one-minute reconcile ticks, hedge 2, zone memory);
+  variants ``ours-no-check`` (every request waits its full valid-until) and ``ours-hedge4`` (hedge 4).
+* ``sequential``: the reference agent's ``find_tpu`` (reference-agent.md §3): candidate zones in
+  alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
+  after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
+  retry a zone in the run, stop at the first ACTIVE. It asks for the scenario's tiers (each zone, then
+  each tier) instead of its hard-coded flex-start, so every policy asks for the same capacity. It has
+  no recovery: a preempted slice stays down.
+* ``skypilot``: SkyPilot-style failover (tpu-api.md §10): (zone, tier) pairs cheapest first, one at a
+  time; a refusal blocks the zone for the round; a request not ACTIVE within 300 s is abandoned without
+  being deleted (its queued-resource path never deletes); when every pair was tried, a new round after
+  30 s. After a preemption it relaunches elsewhere (EAGER_NEXT_REGION), leaving the SUSPENDED request.
+
+Scenarios are the simulator's shipped ``scarce-v6e``, ``reference-agent-zones`` and ``spot-preemptions``,
+each run with a per-run seed (timings, Poisson capacity, preemptions) and capacity timelines jittered
+x0.5-1.5. A run lasts until the first ACTIVE plus a 3 h serving window, or the scenario's horizon.
+
+Measured per run: virtual time until the policy holds an ACTIVE slice (censored at the horizon),
+chip-hours billed for capacity that was not the serving slice, API calls, orphans left at the end
+(labelled resources other than the serving slice; for ours after a janitor tick) and availability.
+
+Usage::
+
+    .venv/bin/python benchmarks/capacity_search.py --runs 200            # all scenarios, all policies
+    .venv/bin/python benchmarks/capacity_search.py --runs 20 --scenario reference-agent-zones
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from localcloud.tpu_sim import World, load_scenario
+from localcloud.world_tpu import WorldTpuApi
+from shared.adapters.sqlite_store import SqliteStateStore
+from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
+from shared.domain.errors import CloudError
+from shared.domain.models import DeploymentSpec, QueuedResourceState, Tier
+from shared.domain.planner import PlannerPolicy
+from shared.domain.zone_memory import estimated_price
+from shared.messages import CreateDeployment, ReconcileTick
+from shared.services.provisioner import Provisioner, ProvisionerSettings
+
+DEPLOYMENT = "bench"
+ACCELERATOR = "v6e-4"
+CHIPS = 4
+SERVE_S = 3 * 3600.0
+SAMPLE_S = 15.0
+POLICIES = ("ours", "ours-no-check", "ours-hedge4", "sequential", "skypilot")
+QR = QueuedResourceState
+
+
+@dataclass(frozen=True)
+class ScenarioPlan:
+    """What is asked for in a scenario and how long a run may take."""
+
+    name: str
+    tiers: tuple[Tier, ...]
+    horizon_s: float
+
+
+PLANS = {
+    "scarce-v6e": ScenarioPlan("scarce-v6e", (Tier.FLEX_START, Tier.SPOT, Tier.ON_DEMAND), 8 * 3600.0),
+    "reference-agent-zones": ScenarioPlan("reference-agent-zones", (Tier.FLEX_START,), 4 * 3600.0),
+    "spot-preemptions": ScenarioPlan("spot-preemptions", (Tier.SPOT,), 4 * 3600.0),
+}
+
+
+@dataclass
+class RunResult:
+    policy: str
+    scenario: str
+    seed: int
+    time_to_active_s: float | None = None
+    time_to_known_s: float | None = None
+    recoveries_s: list[float] = field(default_factory=list)
+    unrecovered: int = 0
+    used_chip_hours: float = 0.0
+    used_usd: float = 0.0
+    billed_chip_hours: float = 0.0
+    billed_usd: float = 0.0
+    api_calls: int = 0
+    api_calls_to_active: int = 0
+    orphans: int = 0
+    serving_s: float = 0.0
+    window_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def wasted_chip_hours(self) -> float:
+        return max(0.0, self.billed_chip_hours - self.used_chip_hours)
+
+    @property
+    def wasted_usd(self) -> float:
+        return max(0.0, self.billed_usd - self.used_usd)
+
+
+# ---------------------------------------------------------------------------------------------- worlds
+
+
+def seeded_world(plan: ScenarioPlan, seed: int) -> World:
+    """The shipped scenario with this run's seed and capacity timelines jittered x0.5-1.5."""
+    data = load_scenario(plan.name).model_dump(mode="json")
+    rng = random.Random(seed * 1_000_003 + len(plan.name))
+    for zone in data["zones"].values():
+        for pools in zone.get("capacity", {}).values():
+            for pool in pools.values():
+                for step in pool.get("timeline", []):
+                    step["at_s"] = round(step["at_s"] * rng.uniform(0.5, 1.5), 1)
+    data["seed"] = seed
+    data["faults"] = []
+    return World(copy.deepcopy(data))
+
+
+def _spec(plan: ScenarioPlan, world: World) -> DeploymentSpec:
+    return DeploymentSpec(
+        deployment_id=DEPLOYMENT,
+        model="gemma-4-26b-a4b",
+        accelerator=ACCELERATOR,
+        zones=tuple(sorted(world.scenario.zones))[:32],
+        tiers=plan.tiers,
+    )
+
+
+def _request(name: str, zone: str, tier: Tier) -> ProvisionRequest:
+    return ProvisionRequest(
+        resource_id=name,
+        node_id=name,
+        zone=zone,
+        accelerator=ACCELERATOR,
+        tier=tier,
+        request_id=str(uuid.uuid4()),
+        labels={LABEL_DEPLOYMENT: DEPLOYMENT},  # for the orphan count only; baselines never look at labels
+        valid_until_s=4 * 3600,
+        max_run_s=4 * 3600 if tier is Tier.FLEX_START else None,
+    )
+
+
+# -------------------------------------------------------------------------------------------- policies
+
+
+class Policy:
+    """One capacity-search policy: ``step(now_s)`` when due; ``serving()`` names the slice it serves from."""
+
+    name = ""
+
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+        self.plan = plan
+        self.world = world
+        self.tpu = tpu
+        self.spec = _spec(plan, world)
+        self.next_s = 0.0
+
+    def step(self, now_s: float) -> None:
+        raise NotImplementedError
+
+    def serving(self) -> tuple[str, str, Tier] | None:
+        raise NotImplementedError
+
+    def tracked(self) -> set[str]:
+        """Names of the requests the policy still knows about (everything else left in the world is an orphan)."""
+        serving = self.serving()
+        return {serving[1]} if serving else set()
+
+    def finish(self) -> None:
+        """End of the run (ours: one more janitor tick)."""
+
+
+class Ours(Policy):
+    name = "ours"
+
+    def __init__(
+        self,
+        plan: ScenarioPlan,
+        world: World,
+        tpu: WorldTpuApi,
+        folder: Path,
+        planner: PlannerPolicy | None = None,
+        *,
+        hedge: int | None = None,
+    ) -> None:
+        super().__init__(plan, world, tpu)
+        if hedge is not None:
+            self.spec = self.spec.model_copy(update={"hedge": hedge})
+        self.store = SqliteStateStore(folder / f"{uuid.uuid4().hex}.db")
+        settings = ProvisionerSettings(holder="bench", planner=planner or PlannerPolicy())
+        self.provisioner = Provisioner(self.store, tpu, world.clock, settings=settings)
+        self.created = False
+        self._serving: tuple[str, str, Tier] | None = None
+        self._tracked: set[str] = set()
+
+    def _envelope(self) -> dict[str, Any]:
+        return {"command_id": str(uuid.uuid4()), "issued_at": self.world.clock.now()}
+
+    def step(self, now_s: float) -> None:
+        if not self.created:
+            self.provisioner.handle(CreateDeployment(deployment_id=DEPLOYMENT, spec=self.spec, **self._envelope()))
+            self.created = True
+        else:
+            self.provisioner.handle(ReconcileTick(**self._envelope()))
+        self.next_s = now_s + 60.0
+        self._serving = self._read_serving()
+
+    def serving(self) -> tuple[str, str, Tier] | None:
+        return self._serving
+
+    def _read_serving(self) -> tuple[str, str, Tier] | None:
+        """The slice the controller serves from, as its record says (what a user would be told)."""
+        record = self.store.get_deployment(DEPLOYMENT)
+        if record is None:
+            return None
+        for ref in record.status.resources:
+            if (
+                ref.generation == record.generation
+                and ref.state is QR.ACTIVE
+                and ref.delete_requested_at is None
+                and ref.zone == record.status.zone
+            ):
+                return ref.zone, ref.name, ref.tier
+        return None
+
+    def finish(self) -> None:
+        self.provisioner.handle(ReconcileTick(**self._envelope()))  # the janitor's tick
+        self._serving = self._read_serving()
+        record = self.store.get_deployment(DEPLOYMENT)
+        self._tracked = {ref.name for ref in record.status.resources} if record else set()
+        self.store.close()
+
+    def tracked(self) -> set[str]:
+        return self._tracked
+
+
+class Sequential(Policy):
+    """reference-agent.md §3, step by step."""
+
+    name = "sequential"
+
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+        super().__init__(plan, world, tpu)
+        self.queue = [(zone, tier) for zone in sorted(self.spec.zones) for tier in plan.tiers]
+        self.current: tuple[str, str, Tier] | None = None
+        self.started_s = 0.0
+        self.operation: str | None = None
+        self.saw_provisioning = False
+        self.active: tuple[str, str, Tier] | None = None
+        self.done = False
+        self.attempt = 0
+
+    def step(self, now_s: float) -> None:
+        if self.done:
+            self.next_s = float("inf")
+            return
+        if self.current is None:
+            self._next_zone(now_s)
+            return
+        zone, name, _tier = self.current
+        if self.operation is not None:  # gcloud waits for the create operation before it polls
+            op = self._quietly(lambda: self.tpu.get_operation(self.operation or ""))
+            if op is None or not op.done:
+                self.next_s = now_s + 5.0
+                return
+            self.operation = None
+            if op.error_class is not None:
+                self._give_up(now_s, delete=False)
+                return
+        observed = self._quietly(lambda: self.tpu.get(zone, name))
+        state = observed.state if observed is not None else None
+        if state is QR.ACTIVE:
+            self.active = self.current
+            self.done = True
+            self.next_s = float("inf")
+            return
+        if state in (QR.FAILED, QR.SUSPENDED):
+            self._give_up(now_s, delete=False)
+            return
+        if state is QR.PROVISIONING:
+            self.saw_provisioning = True
+        limit = 600.0 if self.saw_provisioning else 180.0
+        if now_s - self.started_s >= limit:
+            self._give_up(now_s, delete=True)
+            return
+        self.next_s = now_s + 15.0
+
+    def _next_zone(self, now_s: float) -> None:
+        while self.queue:
+            zone, tier = self.queue.pop(0)
+            name = f"bench-seq-{self.attempt}"
+            self.attempt += 1
+            try:
+                op = self.tpu.create(_request(name, zone, tier))
+            except CloudError:
+                continue  # marked "No" forever; the next zone right away
+            self.current = (zone, name, tier)
+            self.started_s = now_s
+            self.saw_provisioning = False
+            self.operation = op.name if not op.done else None
+            self.next_s = now_s + 5.0
+            return
+        self.done = True
+        self.next_s = float("inf")
+
+    def _give_up(self, now_s: float, *, delete: bool) -> None:
+        if delete and self.current is not None:
+            zone, name, _tier = self.current
+            self._quietly(lambda: self.tpu.delete(zone, name, force=False))  # no --force, result ignored
+        self.current = None
+        self._next_zone(now_s)
+
+    def _quietly(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except CloudError:
+            return None
+
+    def serving(self) -> tuple[str, str, Tier] | None:
+        return self.active
+
+
+class SkyPilot(Policy):
+    """One zone at a time, cheapest first, new round every 30 s, abandoned requests never deleted."""
+
+    name = "skypilot"
+
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+        super().__init__(plan, world, tpu)
+        pairs = [(zone, tier) for zone in self.spec.zones for tier in plan.tiers]
+        self.pairs = sorted(pairs, key=lambda p: (self._price(*p), p[0].rsplit("-", 1)[0], p[0], p[1].value))
+        self.round: list[tuple[str, Tier]] = []
+        self.blocked_zones: set[str] = set()
+        self.blocked_regions: set[str] = set()
+        self.current: tuple[str, str, Tier] | None = None
+        self.started_s = 0.0
+        self.active: tuple[str, str, Tier] | None = None
+        self.attempt = 0
+
+    def _price(self, zone: str, tier: Tier) -> float:
+        return estimated_price(zone, tier, ACCELERATOR)[0]
+
+    def step(self, now_s: float) -> None:
+        if self.active is not None:
+            zone, name, _tier = self.active
+            observed = self._quietly(lambda: self.tpu.get(zone, name))
+            if (
+                observed is not None
+                and observed.state is QR.ACTIVE
+                and observed.node_state is not None
+                and (observed.node_state.value == "READY")
+            ):
+                self.next_s = now_s + 60.0
+                return
+            # Preempted: recover in another region (EAGER_NEXT_REGION); the old request is left behind.
+            self.blocked_regions = {zone.rsplit("-", 1)[0]}
+            self.active = None
+            self.round = []
+        if self.current is not None:
+            zone, name, _tier = self.current
+            observed = self._quietly(lambda: self.tpu.get(zone, name))
+            state = observed.state if observed is not None else None
+            if state is QR.ACTIVE:
+                self.active, self.current = self.current, None
+                self.next_s = now_s + 60.0
+                return
+            if state in (QR.FAILED, QR.SUSPENDED) or (observed is not None and observed.error_class is not None):
+                self.blocked_zones.add(zone)
+                self.current = None
+            elif now_s - self.started_s >= 300.0:
+                self.current = None  # abandoned, not deleted
+            else:
+                self.next_s = now_s + 10.0
+                return
+        self._launch(now_s)
+
+    def _launch(self, now_s: float) -> None:
+        if not self.round:
+            self.round = [
+                pair
+                for pair in self.pairs
+                if pair[0] not in self.blocked_zones and pair[0].rsplit("-", 1)[0] not in self.blocked_regions
+            ]
+            if not self.round:
+                self.blocked_zones.clear()
+                self.blocked_regions.clear()
+                self.next_s = now_s + 30.0  # retry_until_up: a new round every 30 s
+                return
+        while self.round:
+            zone, tier = self.round.pop(0)
+            if zone in self.blocked_zones:
+                continue
+            name = f"bench-sky-{self.attempt}"
+            self.attempt += 1
+            try:
+                self.tpu.create(_request(name, zone, tier))
+            except CloudError:
+                self.blocked_zones.add(zone)
+                continue
+            self.current = (zone, name, tier)
+            self.started_s = now_s
+            self.next_s = now_s + 10.0
+            return
+        self.blocked_zones.clear()
+        self.blocked_regions.clear()
+        self.next_s = now_s + 30.0
+
+    def _quietly(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except CloudError:
+            return None
+
+    def serving(self) -> tuple[str, str, Tier] | None:
+        return self.active
+
+    def tracked(self) -> set[str]:
+        return {item[1] for item in (self.active, self.current) if item is not None}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def _became_active_s(world: World, name: str, now_s: float) -> float:
+    """When the provider turned the slice ACTIVE (the policy may notice later), in seconds from the start."""
+    start = world.scenario.start_time.timestamp()
+    times = [e["time"] for e in world.events() if e["kind"] == "qr.active" and e["resource"] == name]
+    if not times:
+        return now_s
+    return datetime.fromisoformat(times[-1].replace("Z", "+00:00")).timestamp() - start
+
+
+def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> RunResult:
+    started = time.perf_counter()
+    world = seeded_world(plan, seed)
+    tpu = WorldTpuApi(world)
+    policy: Policy
+    if policy_name == "ours":
+        policy = Ours(plan, world, tpu, folder)
+    elif policy_name == "ours-no-check":
+        policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
+    elif policy_name == "ours-hedge4":
+        policy = Ours(plan, world, tpu, folder, hedge=4)
+    elif policy_name == "sequential":
+        policy = Sequential(plan, world, tpu)
+    else:
+        policy = SkyPilot(plan, world, tpu)
+    result = RunResult(policy_name, plan.name, seed)
+    now_s = 0.0
+    end_s = plan.horizon_s
+    window_start: float | None = None
+    down_since: float | None = None
+    while now_s < end_s:
+        if policy.next_s <= now_s:
+            policy.step(now_s)
+        serving = policy.serving()
+        up = serving is not None and world.qr_state(serving[0], serving[1]) == "ACTIVE"
+        if serving is not None and result.time_to_active_s is None:
+            result.time_to_active_s = _became_active_s(world, serving[1], now_s)
+            result.time_to_known_s = now_s
+            result.api_calls_to_active = tpu.total_calls
+            window_start = now_s
+            end_s = now_s + SERVE_S
+        if window_start is not None:
+            if not up and down_since is None:
+                down_since = now_s
+            elif up and down_since is not None:
+                result.recoveries_s.append(now_s - down_since)
+                down_since = None
+        wake = min(policy.next_s, now_s + SAMPLE_S, end_s)
+        dt = max(wake - now_s, 1e-6)
+        if up and serving is not None:
+            zone, _name, tier = serving
+            result.used_chip_hours += CHIPS * dt / 3600
+            result.used_usd += CHIPS * dt / 3600 * world.scenario.price(zone.rsplit("-", 1)[0], tier.value)
+            result.serving_s += dt
+        world.advance(dt)
+        now_s += dt
+    if down_since is not None:
+        result.recoveries_s.append(end_s - down_since)
+        result.unrecovered += 1
+    policy.finish()
+    billing = world.billing()
+    result.billed_chip_hours = billing["total_chip_hours"]
+    result.billed_usd = billing["total_usd"]
+    result.api_calls = tpu.total_calls
+    tracked = policy.tracked()
+    invariants = world.invariants(live_deployments=[])
+    result.orphans = sum(
+        1 for item in invariants["orphans"] if item["kind"] == "queued_resource" and item["name"] not in tracked
+    )
+    result.window_s = (end_s - window_start) if window_start is not None else 0.0
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Summary:
+    policy: str
+    scenario: str
+    runs: int
+    reached: int
+    median_min: float
+    p90_min: float
+    wasted_chip_hours: float
+    wasted_pct: float
+    api_calls_to_active: float
+    api_calls: float
+    orphans: float
+    runs_with_orphans: int
+    availability: float
+    notice_lag_min: float
+    recoveries: int
+    recovery_median_min: float
+    unrecovered: int
+
+
+def summarise(results: Sequence[RunResult], plan: ScenarioPlan) -> Summary:
+    times = [(r.time_to_active_s if r.time_to_active_s is not None else plan.horizon_s) / 60 for r in results]
+    served_usd = sum(r.used_usd for r in results)
+    wasted_usd = sum(r.wasted_usd for r in results)
+    windows = sum(r.window_s for r in results)
+    return Summary(
+        policy=results[0].policy,
+        scenario=plan.name,
+        runs=len(results),
+        reached=sum(1 for r in results if r.time_to_active_s is not None),
+        median_min=statistics.median(times),
+        p90_min=_percentile(times, 0.9),
+        wasted_chip_hours=statistics.mean(r.wasted_chip_hours for r in results),
+        wasted_pct=100 * wasted_usd / served_usd if served_usd else float("inf"),
+        api_calls_to_active=statistics.mean(r.api_calls_to_active for r in results if r.time_to_active_s is not None)
+        if any(r.time_to_active_s is not None for r in results)
+        else float("nan"),
+        api_calls=statistics.mean(r.api_calls for r in results),
+        orphans=statistics.mean(r.orphans for r in results),
+        runs_with_orphans=sum(1 for r in results if r.orphans),
+        availability=100 * sum(r.serving_s for r in results) / windows if windows else 0.0,
+        notice_lag_min=statistics.median(
+            [
+                (r.time_to_known_s - r.time_to_active_s) / 60
+                for r in results
+                if r.time_to_known_s is not None and r.time_to_active_s is not None
+            ]
+            or [0.0]
+        ),
+        recoveries=sum(len(r.recoveries_s) for r in results),
+        recovery_median_min=statistics.median([x / 60 for r in results for x in r.recoveries_s] or [float("nan")]),
+        unrecovered=sum(r.unrecovered for r in results),
+    )
+
+
+def markdown(summaries: Sequence[Summary]) -> str:
+    horizon = {name: plan.horizon_s / 60 for name, plan in PLANS.items()}
+    lines = [
+        "| scenario | policy | reached ACTIVE | median min to ACTIVE | p90 min | wasted chip-h/run | wasted % of"
+        " serving spend | API calls to ACTIVE | API calls/run | orphans/run (runs with any) | availability |"
+        " outages: median min to ACTIVE again (n, never) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        median = ("≥" if s.median_min >= horizon[s.scenario] else "") + f"{s.median_min:.1f}"
+        p90 = ("≥" if s.p90_min >= horizon[s.scenario] else "") + f"{s.p90_min:.1f}"
+        outages = f"{s.recovery_median_min:.1f} ({s.recoveries}, {s.unrecovered})" if s.recoveries else "-"
+        lines.append(
+            f"| {s.scenario} | {s.policy} | {s.reached}/{s.runs} | {median} | {p90} | {s.wasted_chip_hours:.3f} |"
+            f" {s.wasted_pct:.2f} | {s.api_calls_to_active:.0f} | {s.api_calls:.0f} |"
+            f" {s.orphans:.2f} ({s.runs_with_orphans}) | {s.availability:.1f}% | {outages} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=200, help="seeded runs per scenario and policy (default 200)")
+    parser.add_argument("--scenario", choices=sorted(PLANS), action="append", help="limit to these scenarios")
+    parser.add_argument("--policy", choices=POLICIES, action="append", help="default: ours, sequential, skypilot")
+    parser.add_argument("--first-seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs: must be at least 1")
+    logging.disable(logging.WARNING)
+    scenarios = args.scenario or list(PLANS)
+    policies = args.policy or ["ours", "sequential", "skypilot"]
+    shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp folder in tmpfs: SQLite fsyncs every write
+    summaries: list[Summary] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None, prefix="tpuctl-bench-") as folder:
+        for scenario in scenarios:
+            plan = PLANS[scenario]
+            for policy in policies:
+                seeds = range(args.first_seed, args.first_seed + args.runs)
+                results = [run_one(policy, plan, seed, Path(folder)) for seed in seeds]
+                summary = summarise(results, plan)
+                summaries.append(summary)
+                print(
+                    f"{scenario:>22} {policy:>10}: median {summary.median_min:6.1f} min, p90 {summary.p90_min:6.1f},"
+                    f" reached {summary.reached}/{summary.runs}, waste {summary.wasted_pct:.2f}%,"
+                    f" orphans {summary.orphans:.2f}, {sum(r.wall_s for r in results):.1f} s wall",
+                    file=sys.stderr,
+                )
+    print(markdown(summaries))
+    by_key = {(s.scenario, s.policy): s for s in summaries}
+    for scenario in scenarios:
+        ours, seq = by_key.get((scenario, "ours")), by_key.get((scenario, "sequential"))
+        if ours and seq:
+            print(f"\n{scenario}: ours/sequential median time to ACTIVE = {ours.median_min / seq.median_min:.2f}")
+    print(f"\ntotal wall time {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,892 @@
+"""The reconcile planner: ``plan(record, observed, memory, now) -> [Action]``, pure and deterministic.
+
+Why pure: every rule of the capacity search (hedging, failover, make-before-break, teardown) is
+decided here from values passed in, so it is tested with tables and replayed exactly; the
+provisioner service only executes the actions through ports.
+
+The plan always contains one :class:`WriteStatus` (the record's new status, including an
+"expectation" ref for every create about to be issued, so a crash after the API call leaves a
+record of it), preceded by zone-memory updates and followed by the API calls. Resources are only
+ever deleted when they were observed carrying this deployment's label.
+
+The search keeps ``hedge`` requests outstanding in the best allowed (zone, tier) pairs (fewest
+remembered failures, then cheapest). WAITING_FOR_RESOURCES is not failure: a request waits its
+capacity check (``PlannerPolicy.capacity_check_minutes``, doubled each time that pair came up empty,
+capped by the spec's ``valid_until_minutes``), after which the pair cools down and the next one is
+asked, so the search sweeps every pair before asking again where it already waited, and waits longer
+on each sweep. A request that found capacity (PROVISIONING) is never cut short; the first ACTIVE
+slice wins and every other request is force-deleted and verified gone.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from shared.domain.backends import blocking_entry_for, candidate_backends, learn_for_backend, rank_backends
+from shared.domain.cloud import (
+    LABEL_DEPLOYMENT,
+    LABEL_GENERATION,
+    LABEL_MANAGED_BY,
+    ObservedResource,
+    ProvisionRequest,
+)
+from shared.domain.errors import ErrorClass
+from shared.domain.models import (
+    AttemptLog,
+    Backend,
+    DeploymentRecord,
+    DeploymentSpec,
+    DeploymentStatus,
+    Desired,
+    NodeState,
+    Phase,
+    QueuedResourceState,
+    ResourceRef,
+    Tier,
+    ZoneMemoryEntry,
+)
+from shared.domain.prices import price_per_chip_hour
+from shared.domain.zone_memory import (
+    CloudFailure,
+    MemoryPolicy,
+    PriceFn,
+    estimated_price,
+    forget_on_success,
+    learn,
+    learn_preemption,
+    learn_stuck,
+    quota_released,
+    rate_limited_until,
+    remembered_failures,
+)
+
+__all__ = [
+    "MANAGED_BY",
+    "Action",
+    "CreateQueuedResource",
+    "DeleteResource",
+    "ForgetZone",
+    "OperationOutcome",
+    "PlannerPolicy",
+    "RememberZone",
+    "WriteStatus",
+    "needs_ticks",
+    "parse_resource_name",
+    "plan",
+    "request_id",
+    "resource_name",
+]
+
+MANAGED_BY = "tpuctl"
+LABEL_ATTEMPT = "tpuctl-attempt"
+_REQUEST_NAMESPACE = uuid.UUID("6f1c5d1e-6b0e-4d59-9a57-3c1f4e0b7a21")
+_NAME_SUFFIX = re.compile(r"-g([0-9]+)-a([0-9]+)$")
+
+# Phases the provisioner owns; the monitor owns the serving ones (BOOTING onwards) once a slice is up.
+_PROVISIONER_PHASES = frozenset(
+    {
+        Phase.PENDING,
+        Phase.SEARCHING,
+        Phase.PROVISIONING,
+        Phase.STOPPING,
+        Phase.STOPPED,
+        Phase.DELETING,
+        Phase.DELETED,
+        Phase.FAILED,
+    }
+)
+_PENDING_STATES = frozenset(
+    {
+        QueuedResourceState.UNKNOWN,
+        QueuedResourceState.CREATING,
+        QueuedResourceState.ACCEPTED,
+        QueuedResourceState.WAITING,
+        QueuedResourceState.PROVISIONING,
+    }
+)
+_DEAD_STATES = frozenset({QueuedResourceState.FAILED, QueuedResourceState.SUSPENDING, QueuedResourceState.SUSPENDED})
+_DEAD_NODES = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED})
+
+
+# ---------------------------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class RememberZone:
+    """Store (create or replace) one zone-memory entry."""
+
+    entry: ZoneMemoryEntry
+
+
+@dataclass(frozen=True)
+class ForgetZone:
+    """Delete one zone-memory entry."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """The deployment's new status; written (compare-and-set, fenced) before any API call."""
+
+    status: DeploymentStatus
+
+
+@dataclass(frozen=True)
+class CreateQueuedResource:
+    """Ask for one slice; the id and request id are deterministic, so repeating it is harmless."""
+
+    request: ProvisionRequest
+    reissue: bool = False
+
+
+@dataclass(frozen=True)
+class DeleteResource:
+    """Force-delete one of our resources (observed with our label); gone is confirmed on a later tick."""
+
+    zone: str
+    name: str
+    request_id: str
+    reason: str
+    force: bool = True
+
+
+Action = RememberZone | ForgetZone | WriteStatus | CreateQueuedResource | DeleteResource
+
+
+@dataclass(frozen=True)
+class OperationOutcome:
+    """What became of a create: its long-running operation, or the synchronous error of the call."""
+
+    done: bool
+    failure: CloudFailure | None = None
+
+
+@dataclass(frozen=True)
+class PlannerPolicy:
+    """Knobs of the search. Durations in seconds."""
+
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    expectation_timeout_s: float = 900.0
+    """A create recorded but never confirmed nor observed is dropped after this."""
+    list_grace_s: float = 180.0
+    """A create whose operation finished may take this long to show up in a list."""
+    provisioning_stuck_s: float = 1200.0
+    """PROVISIONING this long is "stuck" (not "waiting for chips"): it stops counting toward the hedge."""
+    provisioning_give_up_s: float = 2700.0
+    """PROVISIONING this long is abandoned: force-deleted and the pair cooled down."""
+    capacity_check_minutes: float | None = 10.0
+    """How long a request may sit in WAITING_FOR_RESOURCES before the search tries elsewhere: doubled for
+    each time the pair came up empty, capped by the spec's valid_until_minutes. A request that found
+    capacity (PROVISIONING) is never cut short. None: every request waits its full valid-until."""
+    waiting_overdue_s: float = 600.0
+    """A request still queued this long past its own valid-until is given up (force-deleted)."""
+    handover_s: float = 1800.0
+    """Make-before-break: the old generation is deleted once the new one serves, or after this long."""
+    tick_interval_s: float = 60.0
+    """How often reconcile ticks come (the budget stop looks this far ahead)."""
+    max_attempts: int = 500
+    max_creates_per_plan: int = 4
+    attempt_log_limit: int = 60
+    runtime_version: str = "v2-alpha-tpuv6e"
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+
+def resource_name(deployment_id: str, generation: int, attempt: int) -> str:
+    """``{deployment}-g{generation}-a{attempt}``: deterministic, so a retried create finds its own slice."""
+    return f"{deployment_id}-g{generation}-a{attempt}"
+
+
+def parse_resource_name(name: str) -> tuple[int, int] | None:
+    """``gemma-g2-a7`` -> (2, 7); None for names we did not make."""
+    match = _NAME_SUFFIX.search(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def request_id(deployment_id: str, generation: int, attempt: int, verb: str) -> str:
+    """UUIDv5 of (deployment, generation, attempt, verb): the same call always carries the same id."""
+    return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{deployment_id}/{generation}/{attempt}/{verb}"))
+
+
+def needs_ticks(record: DeploymentRecord) -> bool:
+    """True while reconcile ticks still have work for this deployment (the tick job must stay on)."""
+    if record.status.resources:
+        return True
+    phase = record.status.phase
+    if record.desired is Desired.ABSENT:
+        return phase is not Phase.DELETED
+    if record.desired is Desired.STOPPED:
+        return phase is not Phase.STOPPED
+    return phase not in (Phase.DELETED, Phase.FAILED)
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+def plan(
+    record: DeploymentRecord,
+    observed: Sequence[ObservedResource],
+    memory: Sequence[ZoneMemoryEntry] | Mapping[str, ZoneMemoryEntry],
+    now: datetime,
+    *,
+    outcomes: Mapping[str, OperationOutcome] | None = None,
+    create_tokens: int = 4,
+    reissue: bool = True,
+    startup_script: str = "",
+    price: PriceFn = price_per_chip_hour,
+    policy: PlannerPolicy | None = None,
+) -> list[Action]:
+    """Decide the next safe steps for one deployment.
+
+    ``observed`` are the provider's resources carrying this deployment's label (others are ignored);
+    ``outcomes`` the results of creates by resource name; ``create_tokens`` how many creates the
+    project's token bucket allows now. Returns memory updates, one ``WriteStatus``, then API calls.
+    """
+    planning = _Planning(
+        record=record,
+        observed=observed,
+        memory=dict(memory) if isinstance(memory, Mapping) else {e.key: e for e in memory},
+        now=now,
+        outcomes=outcomes or {},
+        create_tokens=create_tokens,
+        reissue=reissue,
+        startup_script=startup_script,
+        price=price,
+        policy=policy or PlannerPolicy(),
+    )
+    return planning.run()
+
+
+class _Planning:
+    """One planning pass; mutable scratch state kept out of the public function."""
+
+    def __init__(
+        self,
+        *,
+        record: DeploymentRecord,
+        observed: Sequence[ObservedResource],
+        memory: dict[str, ZoneMemoryEntry],
+        now: datetime,
+        outcomes: Mapping[str, OperationOutcome],
+        create_tokens: int,
+        reissue: bool,
+        startup_script: str,
+        price: PriceFn,
+        policy: PlannerPolicy,
+    ) -> None:
+        self.record = record
+        self.spec: DeploymentSpec = record.spec
+        self.generation = record.generation
+        self.now = now
+        self.memory = memory
+        self.outcomes = outcomes
+        self.tokens = max(0, create_tokens)
+        self.reissue = reissue
+        self.startup_script = startup_script
+        self.price = price
+        self.policy = policy
+        self.before = record.status
+        # Refs are edited in place, so they are copied; attempt logs are only appended to.
+        self.status = record.status.model_copy(
+            update={"resources": [ref.model_copy() for ref in record.status.resources]}
+        )
+        self.observed = {o.name: o for o in observed if o.owned_by == record.deployment_id}
+        self.refs: dict[str, ResourceRef] = {r.name: r for r in self.status.resources}
+        self.memory_actions: list[Action] = []
+        self.calls: list[Action] = []
+        self.attempts: list[AttemptLog] = []
+        self.notes: list[str] = []
+        self.deleting: set[str] = set()
+        # Requests name a concrete back end; "any" ranks both (shared.domain.backends), Compute Engine first on ties.
+        self.backends = candidate_backends(self.spec.backend)
+        self.backend = self.backends[0]
+
+    # -- bookkeeping helpers ------------------------------------------------------------------------
+
+    def remember(self, entry: ZoneMemoryEntry | None) -> None:
+        if entry is None:
+            return
+        self.memory[entry.key] = entry
+        self.memory_actions.append(RememberZone(entry))
+
+    def forget(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            if key in self.memory:
+                del self.memory[key]
+                self.memory_actions.append(ForgetZone(key))
+
+    def log(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
+        self.attempts.append(
+            AttemptLog(at=self.now, zone=ref.zone, tier=ref.tier, outcome=outcome, detail=detail[:300])
+        )
+
+    def age_s(self, since: datetime | None) -> float:
+        return (self.now - since).total_seconds() if since is not None else 0.0
+
+    def drop(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
+        self.refs.pop(ref.name, None)
+        self.log(ref, outcome, detail)
+
+    def request_delete(self, ref: ResourceRef, reason: str) -> None:
+        """Delete a resource we observed with our label, unless it is already on its way out."""
+        seen = self.observed.get(ref.name)
+        if seen is None or ref.name in self.deleting:
+            return
+        if ref.delete_requested_at is None:
+            ref.delete_requested_at = self.now
+            self.log(ref, "deleting", reason)
+        if seen.state is QueuedResourceState.DELETING:
+            return
+        self.deleting.add(ref.name)
+        self.calls.append(
+            DeleteResource(
+                zone=ref.zone,
+                name=ref.name,
+                request_id=request_id(self.record.deployment_id, ref.generation, ref.attempt, "delete"),
+                reason=reason,
+            )
+        )
+
+    # -- the pass -----------------------------------------------------------------------------------
+
+    def run(self) -> list[Action]:
+        self.adopt_unknown()
+        self.refresh()
+        for ref in list(self.refs.values()):
+            if ref.delete_requested_at is not None:
+                self.request_delete(ref, "delete not confirmed yet")  # level-triggered: repeat until gone
+        absent_reason = self.teardown_reason()
+        if self.record.desired is Desired.PRESENT and absent_reason is None:
+            self.reconcile_present()
+        else:
+            self.reconcile_release(absent_reason)
+        self.account_spend()
+        self.status.resources = sorted(self.refs.values(), key=lambda r: (r.generation, r.attempt, r.name))
+        if self.attempts:
+            self.status.attempts = (self.status.attempts + self.attempts)[-self.policy.attempt_log_limit :]
+        if self.status.phase != self.before.phase:
+            self.status.phase_since = self.now
+        return [*self.memory_actions, WriteStatus(self.status), *self.calls]
+
+    def adopt_unknown(self) -> None:
+        """A labelled resource we have no ref for (a crash after create, a lagging list): take it over."""
+        for seen in self.observed.values():
+            if seen.name in self.refs:
+                continue
+            parsed = parse_resource_name(seen.name)
+            generation = parsed[0] if parsed else _int_label(seen.labels.get(LABEL_GENERATION), 0)
+            attempt = parsed[1] if parsed else 0
+            ref = ResourceRef(
+                name=seen.name,
+                zone=seen.zone,
+                tier=seen.tier or Tier.ON_DEMAND,
+                backend=seen.backend,
+                generation=generation,
+                attempt=attempt,
+                state=seen.state,
+                node_state=seen.node_state,
+                endpoint=seen.endpoint,
+                created_at=seen.created_at or self.now,
+                state_since=self.now,
+            )
+            self.refs[ref.name] = ref
+            self.status.next_attempt = max(self.status.next_attempt, attempt + 1)
+            self.log(ref, "adopted", "found by label with no record of it")
+
+    def refresh(self) -> None:
+        """Fold observations and operation outcomes into the refs; drop the ones that are gone."""
+        for ref in list(self.refs.values()):
+            seen = self.observed.get(ref.name)
+            outcome = self.outcomes.get(ref.name)
+            if seen is not None:
+                if seen.state != ref.state:
+                    ref.state_since = self.now
+                ref.state = seen.state
+                ref.node_state = seen.node_state
+                ref.endpoint = seen.endpoint
+                ref.tier = seen.tier or ref.tier
+                if seen.state is QueuedResourceState.ACTIVE and ref.active_at is None:
+                    ref.active_at = self.now
+                    self.log(ref, "active", f"ACTIVE after {self.age_s(ref.created_at) / 60:.1f} min")
+            if outcome is not None and outcome.done:
+                ref.operation = None
+                if outcome.failure is not None and self.create_failed(ref, outcome.failure, seen):
+                    continue
+            if seen is None:
+                self.refresh_unseen(ref)
+
+    def create_failed(self, ref: ResourceRef, failure: CloudFailure, seen: ObservedResource | None) -> bool:
+        """Learn from a failed create. Returns True when the ref was dropped."""
+        cls = failure.error_class
+        if cls in (ErrorClass.RATE_LIMIT, ErrorClass.TRANSIENT) and failure.surfaced == "sync":
+            # Nothing learned about the zone; the same create (same id and request id) goes again later.
+            self.remember(
+                learn(
+                    failure,
+                    zone=ref.zone,
+                    tier=ref.tier,
+                    accelerator=self.spec.accelerator,
+                    memory=self.memory,
+                    now=self.now,
+                    policy=self.policy.memory,
+                )
+            )
+            self.notes.append(f"{cls.value} on create in {ref.zone}: retrying")
+            return False
+        self.remember(
+            learn_for_backend(
+                failure,
+                backend=ref.backend,
+                zone=ref.zone,
+                tier=ref.tier,
+                accelerator=self.spec.accelerator,
+                memory=self.memory,
+                now=self.now,
+                policy=self.policy.memory,
+            )
+        )
+        detail = failure.message[:200]
+        if seen is not None:
+            # The request lingers (e.g. FAILED after an operation error): delete it, keep the ref until gone.
+            self.log(ref, cls.value, detail)
+            ref.state = QueuedResourceState.FAILED
+            self.request_delete(ref, f"create failed: {cls.value}")
+            return False
+        self.drop(ref, cls.value, detail)
+        return True
+
+    def refresh_unseen(self, ref: ResourceRef) -> None:
+        if ref.delete_requested_at is not None and ref.state is not QueuedResourceState.UNKNOWN:
+            self.drop(ref, "deleted", "confirmed gone")
+            self.forget(quota_released(self.memory, ref.zone))
+            return
+        if ref.state is QueuedResourceState.UNKNOWN:
+            if self.age_s(ref.created_at) > self.policy.expectation_timeout_s:
+                self.drop(ref, "expired", "create never confirmed")
+            return
+        confirmed_recently = ref.operation is not None or self.age_s(ref.created_at) <= self.policy.list_grace_s
+        if ref.state is QueuedResourceState.CREATING and confirmed_recently:
+            return
+        self.drop(ref, "vanished", f"last seen {ref.state.value}; no longer listed")
+        self.forget(quota_released(self.memory, ref.zone))
+
+    def teardown_reason(self) -> str | None:
+        """Why the deployment must go even though nobody asked: TTL or budget."""
+        spec = self.spec
+        if self.record.desired is Desired.PRESENT and self.before.phase in (Phase.DELETING, Phase.DELETED):
+            # Only a TTL or budget teardown leaves a wanted deployment deleting; it stays torn down.
+            return re.split(r"[:;]", self.before.message, maxsplit=1)[0] or "torn down"
+        if spec.ttl_hours is not None and self.now - self.record.created_at >= timedelta(hours=spec.ttl_hours):
+            return f"ttl of {spec.ttl_hours:g} h reached"
+        if spec.budget_usd is not None:
+            # Stop early: a slice bills from READY (seen up to a tick late) until the delete lands (a tick or two).
+            ahead = self.burn_usd_per_hour() * 3 * self.policy.tick_interval_s / 3600
+            if self.status.spend_usd + ahead >= spec.budget_usd:
+                return f"budget of ${spec.budget_usd:,.2f} reached (spent ${self.status.spend_usd:,.2f})"
+        return None
+
+    def burn_usd_per_hour(self) -> float:
+        """What the ACTIVE slices of this deployment cost per hour right now."""
+        total = 0.0
+        for ref in self.refs.values():
+            if ref.state is QueuedResourceState.ACTIVE and ref.node_state not in _DEAD_NODES:
+                usd, _ = estimated_price(ref.zone, ref.tier, self.spec.accelerator, self.price)
+                total += usd * self.spec.chips
+        return total
+
+    # -- desired absent or stopped --------------------------------------------------------------------
+
+    def reconcile_release(self, reason: str | None) -> None:
+        stopping = self.record.desired is Desired.STOPPED and reason is None
+        why = reason or ("stop requested" if stopping else "delete requested")
+        for ref in list(self.refs.values()):
+            if ref.name in self.observed:
+                self.request_delete(ref, why)
+            elif ref.state is QueuedResourceState.UNKNOWN:
+                self.drop(ref, "cancelled", "create never confirmed")
+        if self.refs:
+            self.set_phase(Phase.STOPPING if stopping else Phase.DELETING)
+            self.status.message = f"{why}: waiting for {len(self.refs)} resource(s) to be gone"
+            return
+        self.set_phase(Phase.STOPPED if stopping else Phase.DELETED)
+        self.status.endpoint = None
+        self.status.message = f"{why}; nothing left running; spend ${self.status.spend_usd:,.2f}"
+
+    # -- desired present --------------------------------------------------------------------------------
+
+    def reconcile_present(self) -> None:
+        self.handle_dead()
+        current = [r for r in self.refs.values() if r.generation == self.generation and r.delete_requested_at is None]
+        older = [r for r in self.refs.values() if r.generation != self.generation and r.delete_requested_at is None]
+        # Two hedged slices of an older generation can turn ACTIVE in the tick an update lands: one serves on.
+        old_active = sorted(
+            (r for r in older if r.state is QueuedResourceState.ACTIVE),
+            key=lambda r: ((r.active_at or self.now).timestamp(), r.attempt),
+        )
+        for extra in old_active[1:]:
+            self.request_delete(
+                extra, f"a second ACTIVE slice of generation {extra.generation}; {old_active[0].name} serves"
+            )
+        older = [r for r in older if r.name not in {extra.name for extra in old_active[1:]}]
+        active = sorted(
+            (r for r in current if r.state is QueuedResourceState.ACTIVE),
+            key=lambda r: ((r.active_at or self.now).timestamp(), r.attempt),
+        )
+        if active:
+            self.settle_on(active[0], current, older)
+            return
+        for ref in older:
+            if ref.state is not QueuedResourceState.ACTIVE:
+                self.request_delete(ref, f"generation {ref.generation} superseded by {self.generation}")
+        self.search(current, serving_old=[r for r in older if r.state is QueuedResourceState.ACTIVE])
+
+    def handle_dead(self) -> None:
+        """FAILED, SUSPENDED and preempted slices: learn what they mean, delete them."""
+        accelerator = self.spec.accelerator
+        for ref in list(self.refs.values()):
+            if ref.delete_requested_at is not None or ref.name not in self.observed:
+                continue
+            seen = self.observed[ref.name]
+            preempted = ref.node_state in _DEAD_NODES
+            if ref.state not in _DEAD_STATES and not preempted:
+                continue
+            if ref.state is QueuedResourceState.FAILED and not preempted:
+                if ref.active_at is None:
+                    detail = seen.error_message or "no capacity before valid-until"
+                    self.remember(
+                        learn(
+                            CloudFailure(ErrorClass.STOCKOUT, detail),
+                            zone=ref.zone,
+                            tier=ref.tier,
+                            accelerator=accelerator,
+                            memory=self.memory,
+                            now=self.now,
+                            policy=self.policy.memory,
+                        )
+                    )
+                    self.log(ref, "expired", detail)
+                else:
+                    self.log(ref, "failed", seen.error_message or "failed after ACTIVE")
+                self.request_delete(ref, "queued resource FAILED")
+            elif ref.tier is Tier.FLEX_START and not preempted and seen.state_initiator != "USER":
+                self.log(ref, "ended", "flex-start run reached its max run duration")
+                self.notes.append(f"flex-start run in {ref.zone} ended normally")
+                self.request_delete(ref, "flex-start run ended (SUSPENDED by the service)")
+            elif seen.state_initiator == "USER" and not preempted:
+                self.log(ref, "suspended", "suspended by a user action")
+                self.request_delete(ref, "suspended by a user action")
+            else:
+                if ref.tier in (Tier.SPOT, Tier.FLEX_START):
+                    self.remember(
+                        learn_preemption(
+                            zone=ref.zone,
+                            tier=ref.tier,
+                            accelerator=accelerator,
+                            memory=self.memory,
+                            now=self.now,
+                            policy=self.policy.memory,
+                        )
+                    )
+                self.log(ref, "preempted", f"node {ref.node_state.value if ref.node_state else 'gone'}")
+                self.notes.append(f"preempted in {ref.zone}")
+                self.request_delete(ref, "preempted")
+
+    def settle_on(self, winner: ResourceRef, current: list[ResourceRef], older: list[ResourceRef]) -> None:
+        """A slice is ACTIVE: keep it, force-delete every other request of this generation."""
+        self.forget(forget_on_success(self.memory, winner.zone, winner.tier, self.spec.accelerator))
+        for ref in current:
+            if ref is not winner:
+                self.request_delete(ref, f"capacity found in {winner.zone} ({winner.tier.value})")
+                if ref.state is QueuedResourceState.ACTIVE:
+                    self.log(ref, "hedge_lost", "a second slice came up; the first one is kept")
+        previous_winner = _winner_of(self.before, self.generation)
+        handed_over = self.status.phase is Phase.SERVING and self.status.observed_generation == self.generation
+        for ref in older:
+            if ref.state is not QueuedResourceState.ACTIVE or handed_over:
+                self.request_delete(ref, f"generation {ref.generation} replaced by {self.generation}")
+            elif self.age_s(winner.active_at) >= self.policy.handover_s:
+                self.request_delete(ref, f"generation {ref.generation} replaced (handover timed out)")
+        new_slice = previous_winner != winner.name or self.before.observed_generation != self.generation
+        if new_slice or self.status.phase in _PROVISIONER_PHASES:
+            self.set_phase(Phase.BOOTING)
+        self.status.observed_generation = self.generation
+        self.status.zone = winner.zone
+        self.status.tier = winner.tier
+        self.status.backend = winner.backend
+        self.status.endpoint = winner.endpoint
+        waiting_old = [r for r in older if r.delete_requested_at is None]
+        handover = f"; generation {waiting_old[0].generation} serves until this one does" if waiting_old else ""
+        via = f" via {winner.backend.value}" if len(self.backends) > 1 or winner.backend is not Backend.TPU_API else ""
+        self.status.message = f"ACTIVE in {winner.zone} ({winner.tier.value}){via} as {winner.name}{handover}"
+
+    def search(self, current: list[ResourceRef], serving_old: list[ResourceRef]) -> None:
+        """No slice of this generation is ACTIVE: keep up to ``hedge`` requests outstanding."""
+        accelerator = self.spec.accelerator
+        outstanding: list[ResourceRef] = []
+        waiting_notes: list[str] = []
+        for ref in current:
+            if ref.state not in _PENDING_STATES:
+                continue
+            if self.give_up_if_overdue(ref):
+                continue
+            stuck_for = self.age_s(ref.state_since) if ref.state is QueuedResourceState.PROVISIONING else 0.0
+            if stuck_for >= self.policy.provisioning_stuck_s:
+                waiting_notes.append(f"stuck provisioning in {ref.zone} for {stuck_for / 60:.0f} min")
+                continue
+            outstanding.append(ref)
+            if ref.state is QueuedResourceState.UNKNOWN and ref.name not in self.observed:
+                self.reissue_create(ref)
+            label = "waiting for chips" if ref.state is QueuedResourceState.WAITING else ref.state.value.lower()
+            waiting_notes.append(f"{ref.zone} {ref.tier.value}: {label} {self.age_s(ref.created_at) / 60:.0f} min")
+
+        paused_until = rate_limited_until(self.memory, self.now)
+        created = 0
+        if paused_until is None:
+            busy_zones = {
+                r.zone
+                for r in self.refs.values()
+                if r.generation == self.generation and r.delete_requested_at is None and r.state in _PENDING_STATES
+            }
+            need = self.spec.hedge - len(outstanding)
+            ranked = rank_backends(
+                self.spec.zones,
+                self.spec.tiers,
+                self.backends,
+                accelerator,
+                self.memory,
+                self.now,
+                price=self.price,
+                policy=self.policy.memory,
+            )
+            # Sweep every pair before asking again where the search already came up empty (stable sort:
+            # within a sweep the back-end ranking's order stands).
+            ranked.sort(key=lambda item: item.candidate.remembered_failures)
+            for candidate in ranked:
+                if need <= 0 or self.tokens <= 0 or created >= self.policy.max_creates_per_plan:
+                    break
+                if self.status.next_attempt >= self.policy.max_attempts:
+                    break
+                if candidate.zone in busy_zones:
+                    continue
+                self.create(candidate.zone, candidate.tier, candidate.backend)
+                busy_zones.add(candidate.zone)
+                need -= 1
+                created += 1
+        else:
+            self.notes.append(f"create rate limit: no new requests before {paused_until:%H:%M:%S}")
+
+        if serving_old and self.status.phase not in _PROVISIONER_PHASES:
+            self.status.message = (
+                f"generation {self.generation}: searching; generation {serving_old[0].generation} serves"
+            )
+            return
+        provisioning = any(r.state is QueuedResourceState.PROVISIONING for r in outstanding)
+        if outstanding or created:
+            self.set_phase(Phase.PROVISIONING if provisioning else Phase.SEARCHING)
+            self.status.message = "; ".join(self.notes + waiting_notes) or "requests sent"
+            return
+        self.explain_nothing_to_try(waiting_notes)
+
+    def give_up_if_overdue(self, ref: ResourceRef) -> bool:
+        """Past its capacity check or its own valid-until, or PROVISIONING too long: force-delete, cool the pair."""
+        accelerator = self.spec.accelerator
+        queued = ref.state in (QueuedResourceState.WAITING, QueuedResourceState.ACCEPTED)
+        if queued and ref.wait_until is not None and self.now >= ref.wait_until:
+            minutes = self.age_s(ref.created_at) / 60
+            detail = f"no capacity after a {minutes:.0f}-minute capacity check"
+            self.remember(
+                learn(
+                    CloudFailure(ErrorClass.STOCKOUT, detail),
+                    zone=ref.zone,
+                    tier=ref.tier,
+                    accelerator=accelerator,
+                    memory=self.memory,
+                    now=self.now,
+                    policy=self.policy.memory,
+                )
+            )
+            self.log(ref, "checked", detail)
+            self.request_delete(ref, "capacity check over; trying elsewhere")
+            return True
+        if queued and ref.created_at is not None:
+            deadline = ref.created_at + timedelta(minutes=self.spec.valid_until_minutes)
+            if self.now >= deadline + timedelta(seconds=self.policy.waiting_overdue_s):
+                self.remember(
+                    learn(
+                        CloudFailure(ErrorClass.STOCKOUT, "still queued past valid-until"),
+                        zone=ref.zone,
+                        tier=ref.tier,
+                        accelerator=accelerator,
+                        memory=self.memory,
+                        now=self.now,
+                        policy=self.policy.memory,
+                    )
+                )
+                self.log(ref, "gave_up", "still queued past its valid-until")
+                self.request_delete(ref, "queued past valid-until")
+                return True
+        if ref.state is QueuedResourceState.PROVISIONING:
+            minutes = self.age_s(ref.state_since) / 60
+            if minutes * 60 >= self.policy.provisioning_give_up_s:
+                self.remember(
+                    learn_stuck(
+                        zone=ref.zone,
+                        tier=ref.tier,
+                        accelerator=accelerator,
+                        memory=self.memory,
+                        now=self.now,
+                        minutes=minutes,
+                        policy=self.policy.memory,
+                    )
+                )
+                self.log(ref, "stuck", f"PROVISIONING for {minutes:.0f} min without becoming ACTIVE")
+                self.request_delete(ref, "stuck provisioning")
+                return True
+        return False
+
+    def explain_nothing_to_try(self, waiting_notes: list[str]) -> None:
+        """Nothing outstanding and nothing allowed: say why, and fail only when nothing will ever change."""
+        accelerator = self.spec.accelerator
+        reasons: list[str] = []
+        permanent = True
+        for zone in self.spec.zones:
+            for tier in self.spec.tiers:
+                blocks = [blocking_entry_for(self.memory, zone, tier, accelerator, b, self.now) for b in self.backends]
+                entry = blocks[0] if all(block is not None for block in blocks) else None
+                if entry is None:
+                    permanent = False
+                    continue
+                until = "until cleared" if entry.until is None else f"until {entry.until:%Y-%m-%d %H:%M}"
+                reasons.append(f"{zone}/{tier.value}: {entry.error_class} {until}")
+                if entry.until is not None and entry.kind != "unsupported":
+                    permanent = False
+        if self.status.next_attempt >= self.policy.max_attempts:
+            self.set_phase(Phase.FAILED)
+            self.status.message = f"gave up after {self.status.next_attempt} attempts"
+            return
+        if reasons and permanent:
+            self.set_phase(Phase.FAILED)
+            self.status.message = "no allowed zone and tier: " + "; ".join(reasons[:8])
+            return
+        self.set_phase(Phase.SEARCHING)
+        head = self.notes + waiting_notes
+        self.status.message = "; ".join(
+            head
+            + (
+                ["every pair is cooling down: " + "; ".join(reasons[:6])]
+                if reasons
+                else ["waiting for the create rate limit"]
+            )
+        )
+
+    def capacity_window_s(self, zone: str, tier: Tier) -> float | None:
+        """Seconds this request may wait for chips before the search moves on; None: its full valid-until."""
+        check = self.policy.capacity_check_minutes
+        if check is None:
+            return None
+        failures = remembered_failures(self.memory, zone, tier, self.spec.accelerator)
+        window = check * 60 * 2 ** min(failures, 16)
+        return window if window < self.spec.valid_until_minutes * 60 else None
+
+    def create(self, zone: str, tier: Tier, backend: Backend | None = None) -> None:
+        attempt = self.status.next_attempt
+        self.status.next_attempt += 1
+        name = resource_name(self.record.deployment_id, self.generation, attempt)
+        window = self.capacity_window_s(zone, tier)
+        ref = ResourceRef(
+            name=name,
+            zone=zone,
+            tier=tier,
+            backend=backend or self.backend,
+            generation=self.generation,
+            attempt=attempt,
+            state=QueuedResourceState.UNKNOWN,
+            created_at=self.now,
+            state_since=self.now,
+            wait_until=self.now + timedelta(seconds=window) if window is not None else None,
+        )
+        self.refs[name] = ref
+        self.tokens -= 1
+        self.log(ref, "requested", name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}")
+        self.calls.append(CreateQueuedResource(self.build_request(ref)))
+
+    def reissue_create(self, ref: ResourceRef) -> None:
+        """A create recorded but not confirmed (a crash, a timeout): send the very same request again."""
+        if not self.reissue or self.tokens <= 0 or rate_limited_until(self.memory, self.now) is not None:
+            return
+        entry = blocking_entry_for(self.memory, ref.zone, ref.tier, self.spec.accelerator, ref.backend, self.now)
+        if entry is not None:
+            return
+        self.tokens -= 1
+        self.calls.append(CreateQueuedResource(self.build_request(ref), reissue=True))
+
+    def build_request(self, ref: ResourceRef) -> ProvisionRequest:
+        spec = self.spec
+        deployment = self.record.deployment_id
+        return ProvisionRequest(
+            resource_id=ref.name,
+            node_id=ref.name,
+            zone=ref.zone,
+            accelerator=spec.accelerator,
+            runtime_version=self.policy.runtime_version,
+            tier=ref.tier,
+            request_id=request_id(deployment, ref.generation, ref.attempt, "create"),
+            labels={
+                LABEL_DEPLOYMENT: deployment,
+                LABEL_GENERATION: str(ref.generation),
+                LABEL_ATTEMPT: str(ref.attempt),
+                LABEL_MANAGED_BY: MANAGED_BY,
+            },
+            valid_until_s=spec.valid_until_minutes * 60,
+            max_run_s=int(spec.max_run_hours * 3600) if ref.tier is Tier.FLEX_START else None,
+            reservation_name=spec.reservation_name if ref.tier is Tier.RESERVATION else None,
+            startup_script=self.startup_script,
+            backend=ref.backend,
+        )
+
+    # -- shared -------------------------------------------------------------------------------------------
+
+    def set_phase(self, phase: Phase) -> None:
+        self.status.phase = phase
+
+    def account_spend(self) -> None:
+        """Charge ACTIVE time since the last plan (a slice bills while its nodes are up)."""
+        start = self.before.billed_until
+        billing = any(ref.state is QueuedResourceState.ACTIVE for ref in [*self.before.resources, *self.refs.values()])
+        if not billing:
+            return  # nothing to charge: leave the status untouched so an idle tick writes nothing
+        for ref in self.before.resources:
+            if ref.state is not QueuedResourceState.ACTIVE or ref.active_at is None or ref.node_state in _DEAD_NODES:
+                continue
+            since = max(start, ref.active_at) if start is not None else ref.active_at
+            until = min(self.now, ref.delete_requested_at) if ref.delete_requested_at else self.now
+            hours = max(0.0, (until - since).total_seconds() / 3600)
+            usd, _ = estimated_price(ref.zone, ref.tier, self.spec.accelerator, self.price)
+            self.status.spend_usd = round(self.status.spend_usd + hours * usd * self.spec.chips, 6)
+        self.status.billed_until = self.now
+
+
+def _winner_of(status: DeploymentStatus, generation: int) -> str | None:
+    """The slice a status was serving from: the earliest ACTIVE of the generation not being deleted."""
+    active = sorted(
+        (
+            r
+            for r in status.resources
+            if r.generation == generation and r.state is QueuedResourceState.ACTIVE and r.delete_requested_at is None
+        ),
+        key=lambda r: (r.active_at is None, r.active_at.timestamp() if r.active_at else 0.0, r.attempt),
+    )
+    return active[0].name if active else None
+
+
+def _int_label(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default

@@ -1,0 +1,657 @@
+"""The provisioner: deployment commands write desired state; reconcile runs the pure planner's actions.
+
+``Provisioner(...).handle(message) -> str`` is the one entry for ``functions/provision``: commands
+(``deployment.create/update/delete/stop/start``) and ``reconcile.tick``. Raise to retry, return to
+ack (``shared.entry`` maps the error families).
+
+How one reconcile stays safe without ever waiting:
+
+1. take the deployment's lease; its epoch fences every state write;
+2. observe: one provider list by label, plus the stored operation names of pending creates;
+3. ``plan()``; store its zone-memory lessons; write the new status (compare-and-set, fenced) *before*
+   any API call, so a crash after the call leaves an expectation the next tick adopts or repeats;
+4. call the API (deterministic ids and request ids, ALREADY_EXISTS for our own id is success), record
+   operation names, and if a create was refused synchronously plan again at once (failover in the
+   same invocation); never poll an operation to completion.
+
+Ticks reconcile every deployment that still needs work, run the janitor, and pause the Scheduler tick
+job when nothing is live; every deployment command resumes it (record written first, then resume, so
+a pause that races a create is always undone).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.domain.cloud import ObservedResource
+from shared.domain.errors import (
+    CloudError,
+    ConflictError,
+    ErrorClass,
+    InvalidMessage,
+    LeaseHeld,
+    PermanentError,
+    StaleGeneration,
+    TransientError,
+)
+from shared.domain.models import (
+    DeploymentRecord,
+    DeploymentSpec,
+    DeploymentStatus,
+    Desired,
+    Phase,
+    QueuedResourceState,
+    ZoneMemoryEntry,
+)
+from shared.domain.planner import (
+    CreateQueuedResource,
+    DeleteResource,
+    ForgetZone,
+    OperationOutcome,
+    PlannerPolicy,
+    RememberZone,
+    WriteStatus,
+    needs_ticks,
+    plan,
+)
+from shared.domain.prices import price_per_chip_hour
+from shared.domain.ratelimit import BucketState, TokenBucket
+from shared.domain.zone_memory import CloudFailure, PriceFn, prune
+from shared.messages import ReconcileTick, encode_message, message_attributes
+from shared.ports import Clock, Fence, SchedulerApi, SchedulerJob, StateStore, TpuApi
+from shared.services.janitor import Janitor, JanitorReport
+
+__all__ = ["TICK_JOB_NAME", "Provisioner", "ProvisionerSettings", "ReconcileResult", "reconcile_tick_job"]
+
+log = logging.getLogger("tpuctl.provisioner")
+
+TICK_JOB_NAME = "tpuctl-reconcile-tick"
+# Scheduler publishes the same body every time; ticks skip the command ledger and are aged by publish time.
+_TICK_COMMAND_ID = "00000000-0000-4000-8000-7469636b0001"
+_TICK_ISSUED_AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+_STATUS_FIELDS_OWNED = (
+    "observed_generation",
+    "zone",
+    "tier",
+    "backend",
+    "endpoint",
+    "message",
+    "resources",
+    "attempts",
+    "next_attempt",
+    "spend_usd",
+    "billed_until",
+)
+
+
+def reconcile_tick_job(topic: str, *, name: str = TICK_JOB_NAME, schedule: str = "* * * * *") -> SchedulerJob:
+    """The Scheduler job that publishes ``reconcile.tick`` on ``topic`` every minute."""
+    tick = ReconcileTick(command_id=_TICK_COMMAND_ID, issued_at=_TICK_ISSUED_AT)
+    return SchedulerJob(
+        name=name, schedule=schedule, topic=topic, data=encode_message(tick), attributes=message_attributes(tick)
+    )
+
+
+@dataclass(frozen=True)
+class ProvisionerSettings:
+    """How the provisioner behaves; defaults suit Cloud Functions (540 s limit, one-minute ticks)."""
+
+    holder: str = field(default_factory=lambda: f"provisioner-{socket.gethostname()}")
+    lease_ttl_s: float = 120.0
+    create_bucket: TokenBucket = field(default_factory=lambda: TokenBucket.per_minute(60, burst=10))
+    rate_limit_hold_s: float = 60.0
+    tick_budget_s: float = 420.0
+    """Stop starting deployment reconciles after this long in one tick (the function dies at 540 s)."""
+    max_rounds: int = 3
+    """Plans per reconcile: a synchronous refusal is failed over in the same invocation."""
+    write_retries: int = 3
+    planner: PlannerPolicy = field(default_factory=PlannerPolicy)
+    janitor_grace_s: float = 900.0
+    tick_job: SchedulerJob | None = None
+    """The Scheduler job that publishes reconcile ticks; paused when nothing is live."""
+
+
+@dataclass
+class ReconcileResult:
+    """What one reconcile of one deployment did (for logs, tests and the tick summary)."""
+
+    deployment_id: str
+    phase: Phase | None = None
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    skipped: str = ""
+    message: str = ""
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"{self.deployment_id}: skipped ({self.skipped})"
+        parts = [f"{self.deployment_id}: {self.phase.value if self.phase else '?'}"]
+        if self.created:
+            parts.append(f"created {','.join(self.created)}")
+        if self.deleted:
+            parts.append(f"deleting {','.join(self.deleted)}")
+        if self.failures:
+            parts.append(f"refused {','.join(self.failures)}")
+        return " ".join(parts)
+
+
+class Provisioner:
+    """Commands and ticks for TPU capacity, executed through ports; never sleeps or waits on an operation."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        tpu: TpuApi,
+        clock: Clock,
+        *,
+        scheduler: SchedulerApi | None = None,
+        settings: ProvisionerSettings | None = None,
+        startup_script: Callable[[DeploymentSpec], str] | None = None,
+        price: PriceFn = price_per_chip_hour,
+    ) -> None:
+        self._store = store
+        self._tpu = tpu
+        self._clock = clock
+        self._scheduler = scheduler
+        self._settings = settings or ProvisionerSettings()
+        self._startup_script = startup_script or (lambda _spec: "")
+        self._price = price
+        self._bucket_state: BucketState | None = None
+        self._pending_patches: dict[str, dict[str, Any]] = {}
+        self._janitor = Janitor(tpu, grace_s=self._settings.janitor_grace_s, price=price)
+        self.last_janitor_report: JanitorReport | None = None
+
+    # ------------------------------------------------------------------------------------------ entry
+
+    def handle(self, message: Any) -> str:
+        """Apply one decoded message; returns a one-line outcome. Raises TransientError to be retried."""
+        kind = getattr(message, "kind", None)
+        handlers: dict[str, Callable[[Any], str]] = {
+            "deployment.create": self.create,
+            "deployment.update": self.update,
+            "deployment.delete": self.delete,
+            "deployment.stop": self.stop,
+            "deployment.start": self.start,
+            "reconcile.tick": self.tick,
+        }
+        handler = handlers.get(str(kind))
+        if handler is None:
+            raise InvalidMessage("kind", f"{kind!r} is not handled by the provisioner", "send it to its own function")
+        return handler(message)
+
+    # --------------------------------------------------------------------------------------- commands
+
+    def create(self, message: Any) -> str:
+        """Store a new deployment (generation 1), or a new generation of a deleted one; then nudge."""
+        spec: DeploymentSpec = message.spec
+        deployment_id = message.deployment_id
+
+        def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
+            if existing is None:
+                return DeploymentRecord(
+                    deployment_id=deployment_id,
+                    spec=spec,
+                    status=DeploymentStatus(phase=Phase.PENDING, phase_since=now),
+                    created_at=now,
+                    updated_at=now,
+                )
+            if existing.status.phase is Phase.DELETED and not existing.status.resources:
+                return DeploymentRecord(
+                    deployment_id=deployment_id,
+                    spec=spec,
+                    generation=existing.generation + 1,
+                    status=DeploymentStatus(phase=Phase.PENDING, phase_since=now),
+                    version=existing.version,
+                    created_at=now,
+                    updated_at=now,
+                )
+            if existing.desired is Desired.ABSENT:
+                raise PermanentError(
+                    f"deployment {deployment_id!r} is being deleted; create it again once its phase is DELETED"
+                )
+            if existing.spec != spec:
+                raise PermanentError(
+                    f"deployment {deployment_id!r} already exists with another spec; send deployment.update instead"
+                )
+            if existing.desired is Desired.STOPPED:
+                raise PermanentError(f"deployment {deployment_id!r} exists and is stopped; send deployment.start")
+            return None
+
+        record, changed = self._change_record(deployment_id, change)
+        head = f"created {deployment_id} generation {record.generation}" if changed else f"{deployment_id} exists"
+        return self._after_command(deployment_id, head)
+
+    def update(self, message: Any) -> str:
+        """A new spec is a new generation: the old slice keeps serving until the new one does."""
+        spec: DeploymentSpec = message.spec
+        deployment_id = message.deployment_id
+        expected = getattr(message, "expected_generation", None)
+
+        def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
+            current = self._require(existing, deployment_id)
+            _check_generation(current, expected)
+            if current.desired is Desired.ABSENT:
+                raise PermanentError(f"deployment {deployment_id!r} is being deleted; it cannot be updated")
+            if current.spec == spec:
+                return None
+            return current.model_copy(update={"spec": spec, "generation": current.generation + 1, "updated_at": now})
+
+        record, changed = self._change_record(deployment_id, change)
+        head = f"updated {deployment_id} to generation {record.generation}" if changed else f"{deployment_id} unchanged"
+        return self._after_command(deployment_id, head)
+
+    def delete(self, message: Any) -> str:
+        """Desired absent: every resource is force-deleted and verified gone by the following ticks."""
+        deployment_id = message.deployment_id
+        expected = getattr(message, "expected_generation", None)
+        if self._store.get_deployment(deployment_id) is None:
+            return f"{deployment_id} does not exist; nothing to delete"
+
+        def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
+            if existing is None:
+                raise PermanentError(f"deployment {deployment_id!r} does not exist; nothing to delete")
+            _check_generation(existing, expected)
+            if existing.desired is Desired.ABSENT:
+                return None
+            return existing.model_copy(update={"desired": Desired.ABSENT, "updated_at": now})
+
+        _, changed = self._change_record(deployment_id, change)
+        return self._after_command(deployment_id, f"deleting {deployment_id}" if changed else "already deleting")
+
+    def stop(self, message: Any) -> str:
+        """Release the TPU, keep the record; a later start provisions again."""
+        return self._set_desired(message.deployment_id, Desired.STOPPED, "stopping")
+
+    def start(self, message: Any) -> str:
+        """Bring a stopped deployment back."""
+        return self._set_desired(message.deployment_id, Desired.PRESENT, "starting")
+
+    def _set_desired(self, deployment_id: str, desired: Desired, verb: str) -> str:
+        def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
+            current = self._require(existing, deployment_id)
+            if current.desired is Desired.ABSENT:
+                raise PermanentError(f"deployment {deployment_id!r} is being deleted; it cannot be {verb}")
+            if current.desired is desired:
+                return None
+            return current.model_copy(update={"desired": desired, "updated_at": now})
+
+        _, changed = self._change_record(deployment_id, change)
+        return self._after_command(
+            deployment_id, f"{verb} {deployment_id}" if changed else f"{deployment_id} unchanged"
+        )
+
+    def _require(self, existing: DeploymentRecord | None, deployment_id: str) -> DeploymentRecord:
+        if existing is None or (existing.status.phase is Phase.DELETED and existing.desired is Desired.ABSENT):
+            raise PermanentError(f"deployment {deployment_id!r} does not exist; send deployment.create first")
+        return existing
+
+    def _change_record(
+        self, deployment_id: str, change: Callable[[DeploymentRecord | None, datetime], DeploymentRecord | None]
+    ) -> tuple[DeploymentRecord, bool]:
+        """Read, change, compare-and-set; a lost race re-reads and re-applies (spec writes hold no lease)."""
+        for _ in range(self._settings.write_retries):
+            existing = self._store.get_deployment(deployment_id)
+            updated = change(existing, self._clock.now())
+            if updated is None:
+                assert existing is not None
+                return existing, False
+            expected = None if existing is None else existing.version
+            try:
+                return self._store.put_deployment(updated, expected_version=expected), True
+            except ConflictError:
+                continue
+        raise ConflictError(f"deployment {deployment_id!r} kept changing while the command was applied")
+
+    def _after_command(self, deployment_id: str, head: str) -> str:
+        self._ensure_ticking()
+        return f"{head}; {self._nudge(deployment_id)}"
+
+    def _nudge(self, deployment_id: str) -> str:
+        """Reconcile now if we can; the tick picks it up otherwise (the command is already stored)."""
+        try:
+            return self.reconcile(deployment_id).summary()
+        except LeaseHeld:
+            return "reconcile deferred: another reconciler holds the lease"
+        except (TransientError, CloudError) as exc:
+            if isinstance(exc, CloudError) and not exc.transient:
+                raise
+            return f"reconcile deferred to the next tick: {exc}"
+
+    # ------------------------------------------------------------------------------------------ ticks
+
+    def tick(self, message: Any) -> str:
+        """Reconcile every deployment that needs work, sweep orphans, and pause ticks when nothing is live."""
+        purpose = getattr(message, "purpose", "reconcile")
+        if purpose == "monitor":
+            return "monitor ticks are handled by functions/monitor"
+        only = getattr(message, "deployment_id", None)
+        started = self._clock.monotonic()
+        try:
+            observed = self._tpu.list("-")
+        except CloudError as exc:
+            if exc.transient:
+                return f"tick skipped: listing TPU resources failed ({exc.error_class.value}); next tick retries"
+            raise
+        self._prune_memory()
+        results: list[str] = []
+        if purpose == "reconcile":
+            for record in self._store.list_deployments():
+                if only is not None and record.deployment_id != only:
+                    continue
+                if not needs_ticks(record):
+                    continue
+                if self._clock.monotonic() - started > self._settings.tick_budget_s:
+                    results.append("tick budget used up; the rest waits for the next tick")
+                    break
+                results.append(self._reconcile_quietly(record.deployment_id, observed))
+        records = {r.deployment_id: r for r in self._store.list_deployments(include_deleted=True)}
+        janitor = self._janitor.sweep(observed, records, self._clock.now())
+        self.last_janitor_report = janitor
+        results.append(janitor.summary())
+        if only is None:
+            results.append(self._maybe_pause(janitor))
+        return "; ".join(r for r in results if r)
+
+    def _reconcile_quietly(self, deployment_id: str, observed: Sequence[ObservedResource]) -> str:
+        try:
+            return self.reconcile(deployment_id, observed=observed).summary()
+        except LeaseHeld:
+            return f"{deployment_id}: skipped (lease held)"
+        except ConflictError as exc:
+            return f"{deployment_id}: conflict ({exc}); next tick"
+        except CloudError as exc:
+            if not exc.transient:
+                raise
+            return f"{deployment_id}: deferred ({exc.error_class.value})"
+        except TransientError as exc:
+            return f"{deployment_id}: deferred ({exc})"
+
+    # ------------------------------------------------------------------------------- tick job control
+
+    def _ensure_ticking(self) -> None:
+        """Make sure the tick job exists and runs; called after every command's write."""
+        job = self._settings.tick_job
+        if self._scheduler is None or job is None:
+            return
+        current = self._scheduler.get_job(job.name)
+        if current is None:
+            self._scheduler.upsert_job(job)
+        elif current.paused:
+            self._scheduler.resume_job(job.name)
+            log.info("resumed the tick job %s", job.name)
+
+    def _maybe_pause(self, janitor: JanitorReport) -> str:
+        """Pause the tick job when no deployment needs it; re-check after pausing so a racing create wins."""
+        job = self._settings.tick_job
+        if self._scheduler is None or job is None:
+            return ""
+        if janitor.pending or janitor.errors or self._any_live():
+            return ""
+        current = self._scheduler.get_job(job.name)
+        if current is None or current.paused:
+            return ""
+        self._scheduler.pause_job(job.name)
+        if self._any_live():
+            self._scheduler.resume_job(job.name)
+            return "tick job kept running: a deployment appeared while pausing"
+        log.info("paused the tick job %s: nothing is live", job.name)
+        return "tick job paused: nothing is live"
+
+    def _any_live(self) -> bool:
+        return any(needs_ticks(record) for record in self._store.list_deployments())
+
+    # -------------------------------------------------------------------------------------- reconcile
+
+    def reconcile(self, deployment_id: str, *, observed: Sequence[ObservedResource] | None = None) -> ReconcileResult:
+        """One level-triggered pass for one deployment under its lease. Raises LeaseHeld when busy."""
+        now = self._clock.now()
+        lease_name = f"deployment/{deployment_id}"
+        lease = self._store.acquire_lease(lease_name, self._settings.holder, self._settings.lease_ttl_s, now)
+        if lease is None:
+            raise LeaseHeld(f"deployment {deployment_id!r} is being reconciled elsewhere")
+        fence = Fence(lease_name, lease.epoch)
+        try:
+            return self._reconcile_locked(deployment_id, fence, observed)
+        finally:
+            try:
+                self._store.release_lease(lease_name, self._settings.holder, lease.epoch)
+            except TransientError:
+                log.warning("could not release lease %s; it expires on its own", lease_name)
+
+    def _reconcile_locked(
+        self, deployment_id: str, fence: Fence, observed: Sequence[ObservedResource] | None
+    ) -> ReconcileResult:
+        result = ReconcileResult(deployment_id)
+        record = self._store.get_deployment(deployment_id)
+        if record is None:
+            result.skipped = "no such deployment"
+            return result
+        if observed is None:
+            observed = self._tpu.list("-")
+        mine = [o for o in observed if o.owned_by == deployment_id]
+        memory = {entry.key: entry for entry in self._store.list_zone_memory()}
+        outcomes = self._poll_operations(record)
+        script = self._startup_script(record.spec)
+        for round_number in range(self._settings.max_rounds + 1):
+            now = self._clock.now()
+            last = round_number == self._settings.max_rounds  # only learns from the refusals, creates nothing
+            actions = plan(
+                record,
+                mine,
+                memory,
+                now,
+                outcomes=outcomes,
+                create_tokens=0 if last else self._tokens(now),
+                reissue=round_number == 0,
+                startup_script=script,
+                price=self._price,
+                policy=self._settings.planner,
+            )
+            for action in actions:
+                if isinstance(action, RememberZone):
+                    self._store.put_zone_memory(action.entry)
+                    memory[action.entry.key] = action.entry
+                elif isinstance(action, ForgetZone):
+                    self._store.delete_zone_memory(action.key)
+                    memory.pop(action.key, None)
+            status = next(a.status for a in actions if isinstance(a, WriteStatus))
+            record = self._write_status(record, status, fence)
+            refused = self._execute(record, actions, result)
+            record = self._write_status(record, self._confirm_creates(record.status, now), fence)
+            if not refused:
+                break
+            outcomes = refused
+            deleted = set(result.deleted)  # the next plan must not send these deletes again
+            mine = [
+                o.model_copy(update={"state": QueuedResourceState.DELETING}) if o.name in deleted else o for o in mine
+            ]
+        result.phase = record.status.phase
+        result.message = record.status.message
+        return result
+
+    def _poll_operations(self, record: DeploymentRecord) -> dict[str, OperationOutcome]:
+        """Look at (never wait on) the stored create operations; a 503 just leaves the op for next time."""
+        outcomes: dict[str, OperationOutcome] = {}
+        for ref in record.status.resources:
+            if not ref.operation:
+                continue
+            try:
+                op = self._tpu.get_operation(ref.operation)
+            except CloudError as exc:
+                if exc.error_class is ErrorClass.NOT_FOUND:
+                    outcomes[ref.name] = OperationOutcome(done=True)
+                continue
+            if not op.done:
+                continue
+            failure = None
+            if op.error_class is not None:
+                failure = CloudFailure(op.error_class, op.error_message, code=op.error_code, surfaced="operation")
+            outcomes[ref.name] = OperationOutcome(done=True, failure=failure)
+        return outcomes
+
+    def _tokens(self, now: datetime) -> int:
+        bucket = self._settings.create_bucket
+        if self._bucket_state is None:
+            self._bucket_state = bucket.full(now)
+        return bucket.available(self._bucket_state, now)
+
+    def _take_token(self, now: datetime) -> bool:
+        bucket = self._settings.create_bucket
+        state = self._bucket_state or bucket.full(now)
+        granted, self._bucket_state = bucket.take(state, now)
+        return granted
+
+    def _execute(
+        self, record: DeploymentRecord, actions: Sequence[object], result: ReconcileResult
+    ) -> dict[str, OperationOutcome]:
+        """Make the API calls; returns synchronous refusals worth re-planning for right away."""
+        refused: dict[str, OperationOutcome] = {}
+        self._pending_patches = {}
+        for action in actions:
+            if isinstance(action, DeleteResource):
+                self._delete(action, result)
+            elif isinstance(action, CreateQueuedResource):
+                outcome = self._create(record, action, result)
+                if outcome is not None:
+                    refused[action.request.resource_id] = outcome
+        return refused
+
+    def _delete(self, action: DeleteResource, result: ReconcileResult) -> None:
+        try:
+            self._tpu.delete(action.zone, action.name, force=action.force, request_id=action.request_id)
+        except CloudError as exc:
+            if exc.error_class is not ErrorClass.NOT_FOUND:
+                log.warning("delete of %s/%s failed (%s); next tick retries", action.zone, action.name, exc)
+                return
+        result.deleted.append(action.name)
+
+    def _create(
+        self, record: DeploymentRecord, action: CreateQueuedResource, result: ReconcileResult
+    ) -> OperationOutcome | None:
+        request = action.request
+        now = self._clock.now()
+        if not self._take_token(now):
+            return None  # stays an unconfirmed expectation; re-sent when tokens come back
+        try:
+            op = self._tpu.create(request)
+        except CloudError as exc:
+            return self._create_refused(record, action, exc, result)
+        if op.done and op.error_class is not None:
+            result.failures.append(f"{request.resource_id}:{op.error_class.value}")
+            return OperationOutcome(
+                done=True,
+                failure=CloudFailure(op.error_class, op.error_message, code=op.error_code, surfaced="operation"),
+            )
+        self._pending_patches[request.resource_id] = {
+            "state": QueuedResourceState.CREATING,
+            "operation": None if op.done else op.name,
+        }
+        result.created.append(request.resource_id)
+        return None
+
+    def _create_refused(
+        self, record: DeploymentRecord, action: CreateQueuedResource, exc: CloudError, result: ReconcileResult
+    ) -> OperationOutcome | None:
+        request = action.request
+        if exc.error_class is ErrorClass.ALREADY_EXISTS:
+            existing = self._get_quietly(request.zone, request.resource_id)
+            if existing is not None and existing.owned_by == record.deployment_id:
+                self._pending_patches[request.resource_id] = {"state": QueuedResourceState.CREATING}
+                result.created.append(request.resource_id)
+                return None  # our own earlier create: success
+            failure = CloudFailure(ErrorClass.ALREADY_EXISTS, "the name is taken by a resource that is not ours")
+            result.failures.append(f"{request.resource_id}:name_taken")
+            return OperationOutcome(done=True, failure=failure)
+        if exc.error_class is ErrorClass.RATE_LIMIT:
+            bucket = self._settings.create_bucket
+            now = self._clock.now()
+            self._bucket_state = bucket.drain(
+                self._bucket_state or bucket.full(now), now, hold_s=self._settings.rate_limit_hold_s
+            )
+        if exc.error_class is ErrorClass.TRANSIENT:
+            log.info("create of %s hit %s; the same request goes again next tick", request.resource_id, exc)
+            return None
+        result.failures.append(f"{request.resource_id}:{exc.error_class.value}")
+        return OperationOutcome(done=True, failure=CloudFailure.from_error(exc))
+
+    def _get_quietly(self, zone: str, name: str) -> ObservedResource | None:
+        try:
+            return self._tpu.get(zone, name)
+        except CloudError:
+            return None
+
+    def _confirm_creates(self, status: DeploymentStatus, now: datetime) -> DeploymentStatus:
+        """Fold create results (operation names, confirmed creates) into the status."""
+        patches = self._pending_patches
+        if not patches:
+            return status
+        updated = status.model_copy(deep=True)
+        for ref in updated.resources:
+            patch = patches.get(ref.name)
+            if patch is None:
+                continue
+            if ref.state is QueuedResourceState.UNKNOWN:
+                ref.state = patch["state"]
+                ref.state_since = now
+            if "operation" in patch:
+                ref.operation = patch["operation"]
+        self._pending_patches = {}
+        return updated
+
+    def _write_status(self, record: DeploymentRecord, status: DeploymentStatus, fence: Fence) -> DeploymentRecord:
+        """Compare-and-set the status under the fence; a command's concurrent write is merged, not lost."""
+        if status == record.status:
+            return record
+        base = record.status
+        candidate = record
+        for _ in range(self._settings.write_retries):
+            merged = _merge_status(base, status, candidate.status)
+            try:
+                return self._store.put_deployment(
+                    candidate.model_copy(update={"status": merged, "updated_at": self._clock.now()}),
+                    expected_version=candidate.version,
+                    fence=fence,
+                )
+            except ConflictError:
+                fresh = self._store.get_deployment(record.deployment_id)
+                if fresh is None:
+                    raise
+                candidate = fresh
+        raise ConflictError(f"deployment {record.deployment_id!r}: status write kept losing races")
+
+    # ----------------------------------------------------------------------------------- zone memory
+
+    def _prune_memory(self) -> None:
+        memory = {entry.key: entry for entry in self._store.list_zone_memory()}
+        for key in prune(memory, self._clock.now(), self._settings.planner.memory):
+            self._store.delete_zone_memory(key)
+
+    def zone_memory(self) -> list[ZoneMemoryEntry]:
+        """What the search has learned (for status views)."""
+        return self._store.list_zone_memory()
+
+
+def _check_generation(record: DeploymentRecord, expected: int | None) -> None:
+    if expected is not None and expected != record.generation:
+        raise StaleGeneration(
+            f"deployment {record.deployment_id!r} is at generation {record.generation}, the command expected "
+            f"{expected}; re-read the deployment and send the command again"
+        )
+
+
+def _merge_status(base: DeploymentStatus, ours: DeploymentStatus, fresh: DeploymentStatus) -> DeploymentStatus:
+    """Our fields from ``ours``; the monitor's fields from ``fresh``; phase ours only if we changed it."""
+    if fresh == base:
+        return ours
+    update: dict[str, Any] = {name: getattr(ours, name) for name in _STATUS_FIELDS_OWNED}
+    if ours.phase != base.phase:
+        update["phase"] = ours.phase
+        update["phase_since"] = ours.phase_since
+    return fresh.model_copy(update=update)
