@@ -48,7 +48,7 @@ class Runtime:
 
     @cached_property
     def store(self) -> StateStore:
-        if self.settings.backend == "gcp":
+        if self.settings.backend == "gcp" or self.settings.emulators:
             from google.cloud import firestore
 
             from shared.adapters.firestore_store import FirestoreStateStore
@@ -61,7 +61,7 @@ class Runtime:
 
     @cached_property
     def bus(self) -> CommandBus:
-        if self.settings.backend == "gcp":
+        if self.settings.backend == "gcp" or self.settings.emulators:
             from shared.adapters.pubsub_bus import PubSubBus
 
             return PubSubBus(self.project)
@@ -81,9 +81,32 @@ class Runtime:
 
     @cached_property
     def tpu(self) -> TpuApi:
+        """Both provisioning back ends behind one port; the simulator serves both on one endpoint."""
+        from shared.adapters.compute_engine_tpu import ComputeEngineTpu
         from shared.adapters.gcp_tpu import GcpTpuApi
+        from shared.adapters.multi_backend_tpu import MultiBackendTpu
+        from shared.domain.models import Backend
 
-        return GcpTpuApi(self.project, endpoint=self.settings.tpu_endpoint)
+        endpoint = self.settings.tpu_endpoint
+        return MultiBackendTpu(
+            {
+                Backend.TPU_API: GcpTpuApi(self.project, endpoint=endpoint),
+                Backend.COMPUTE_ENGINE: ComputeEngineTpu(self.project, endpoint=endpoint),
+            }
+        )
+
+    @cached_property
+    def prices(self) -> Any:
+        """Live TPU prices from the Billing Catalog, cached with a date; the dated table when it is unreachable."""
+        from shared.adapters.billing_catalog import BillingCatalog
+
+        # A function instance's disk is read-only outside /tmp: there the cache is the instance itself.
+        cache = None if self.settings.backend == "gcp" else self._data / "prices.json"
+        catalog = BillingCatalog(endpoint=self.settings.tpu_endpoint, clock=self.clock, cache_path=cache)
+        try:
+            return catalog.prices()
+        finally:
+            catalog.close()
 
     @cached_property
     def scheduler(self) -> SchedulerApi:
@@ -104,7 +127,13 @@ class Runtime:
             lease_ttl_s=self.settings.lease_ttl_s, tick_job=reconcile_tick_job(self.topic("ticks"))
         )
         return Provisioner(
-            self.store, self.tpu, self.clock, scheduler=self.scheduler, settings=settings, startup_script=self.startup_script
+            self.store,
+            self.tpu,
+            self.clock,
+            scheduler=self.scheduler,
+            settings=settings,
+            startup_script=self.startup_script,
+            price=self.prices,
         )
 
     def startup_script(self, spec: Any) -> str:
