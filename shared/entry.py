@@ -9,6 +9,10 @@ Raise to retry, return to ack:
 * ``PermanentError`` from the handler is recorded as ``failed`` and acked;
 * ``TransientError`` and anything unexpected propagate, so the platform redelivers.
 
+A command published by a Scheduler job (attribute ``scheduled_job``, e.g. a scheduled ``benchmark.run``) repeats
+its body on every firing, so its command id is derived from the job and the minute of the publish time, and its
+age is taken from the publish time.
+
 Ticks (``reconcile.tick``) skip the ledger: Scheduler publishes the same body every minute and
 the reconciler is level-triggered, so their age is taken from the Pub/Sub publish time.
 """
@@ -28,7 +32,7 @@ from typing import Any
 from shared.domain.errors import InvalidMessage, PermanentError, TransientError
 from shared.domain.models import CommandRecord, RejectedMessage
 from shared.logging import deployment_logger
-from shared.messages import decode_message
+from shared.messages import SCHEDULED_JOB_ATTRIBUTE, decode_message, scheduled_command_id
 from shared.ports import Clock, StateStore
 
 __all__ = ["EntryResult", "Outcome", "PubSubPayload", "handle_payload", "payload_from_cloud_event"]
@@ -116,6 +120,14 @@ def handle_payload(
         return EntryResult(Outcome.REJECTED, str(exc))
 
     kind = message.kind
+    scheduled_job = payload.attributes.get(SCHEDULED_JOB_ATTRIBUTE, "")
+    if scheduled_job and kind != "reconcile.tick":
+        # A Scheduler job publishes the same body on every firing: each firing is its own command, named by the
+        # job and the minute it fired, and as old as its publish time.
+        fired = payload.publish_time or now
+        message = message.model_copy(
+            update={"command_id": scheduled_command_id(scheduled_job, fired), "issued_at": fired}
+        )
     ids = deployment_logger(log, deployment_id=getattr(message, "deployment_id", None), command_id=message.command_id)
     if accept is not None and kind not in accept:
         ids.warning("message kind %s is not handled here; acked without effect", kind)

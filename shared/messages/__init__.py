@@ -6,6 +6,7 @@ Parse only at the edge with :func:`decode_message`; a message that fails yields 
 
 from shared.messages.contracts import (
     MAX_MESSAGE_BYTES,
+    SCHEDULED_JOB_ATTRIBUTE,
     SCHEMA_VERSION,
     BenchmarkCompleted,
     BenchmarkRequest,
@@ -28,11 +29,13 @@ from shared.messages.contracts import (
     encode_message,
     message_attributes,
     new_command_id,
+    scheduled_command_id,
     topic_for,
 )
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "SCHEDULED_JOB_ATTRIBUTE",
     "SCHEMA_VERSION",
     "BenchmarkCompleted",
     "BenchmarkRequest",
@@ -55,5 +58,6 @@ __all__ = [
     "encode_message",
     "message_attributes",
     "new_command_id",
+    "scheduled_command_id",
     "topic_for",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -27,6 +28,17 @@ _CLOSED = ConfigDict(extra="forbid", frozen=True)
 def new_command_id() -> str:
     """A fresh idempotency key (UUIDv4, lower case)."""
     return str(uuid.uuid4())
+
+
+SCHEDULED_JOB_ATTRIBUTE = "scheduled_job"
+"""Attribute a Scheduler job puts on the command it publishes (its body repeats on every firing)."""
+_SCHEDULED_NAMESPACE = uuid.UUID("3d6f2b1e-7c4a-4f5e-8b9d-2a1c0e6f4b37")
+
+
+def scheduled_command_id(job: str, fired_at: datetime) -> str:
+    """The command id of one firing of a Scheduler job: the same for every delivery within that minute."""
+    minute = fired_at.astimezone(UTC).replace(second=0, microsecond=0)
+    return str(uuid.uuid5(_SCHEDULED_NAMESPACE, f"{job}/{minute.isoformat()}"))
 
 
 class _Envelope(BaseModel):
@@ -114,11 +126,42 @@ class BenchmarkRequest(BaseModel):
     slo_ttft_ms: float | None = Field(default=None, gt=0, le=600000)
     slo_tpot_ms: float | None = Field(default=None, gt=0, le=600000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    # Added for the load generator (shared.bench); all optional with defaults, so older senders stay valid.
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=4096, description="Rate mode: cap on requests in flight (None: no cap)."
+    )
+    dataset: Literal["random", "prompts"] = Field(
+        default="random", description="random: exact input_len tokens; prompts: the texts in 'prompts'."
+    )
+    prompts: tuple[Annotated[str, Field(min_length=1, max_length=32768)], ...] = Field(
+        default=(), max_length=1000, description="Prompt texts for dataset 'prompts', used in order and cycled."
+    )
+    slo_e2el_ms: float | None = Field(default=None, gt=0, le=3600000)
+    percentiles: tuple[Annotated[float, Field(gt=0, le=100)], ...] = Field(
+        default=(50.0, 90.0, 95.0, 99.0), min_length=1, max_length=8
+    )
+    ignore_eos: bool = Field(default=True, description="Generate exactly output_len tokens (vLLM's ignore_eos).")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="None: the server's default.")
+    request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _mode_has_levels(self) -> BenchmarkRequest:
         if self.mode == "rate" and not self.request_rate:
             raise ValueError("request_rate: give at least one rate when mode is 'rate'")
+        if self.dataset == "prompts" and not self.prompts:
+            raise ValueError("prompts: give at least one prompt when dataset is 'prompts'")
+        levels = len(self.request_rate) if self.mode == "rate" else len(self.concurrency)
+        if levels * self.num_prompts > 50000:
+            raise ValueError(
+                f"num_prompts: {self.num_prompts} prompts x {levels} levels is over 50000 requests; lower num_prompts"
+            )
+        if self.mode == "rate" and self.duration_s is None:
+            slowest = min(self.request_rate)
+            if self.num_prompts / slowest > 3600:
+                raise ValueError(
+                    f"num_prompts: {self.num_prompts} requests at {slowest:g} req/s take over an hour; "
+                    "lower num_prompts or set duration_s"
+                )
         return self
 
 

@@ -1,0 +1,113 @@
+"""Run a benchmark from the command line: ``python -m shared.bench --url http://127.0.0.1:8000 ...``.
+
+Writes ``result.json`` (the structured result), ``records.jsonl`` (one line per request) and the plots into
+``--out``, and prints the table. The API key is read from a file, never taken on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from shared.bench.datasets import find_tokenizer_file, read_prompt_file
+from shared.bench.loadgen import LoadGenerator, Target
+from shared.bench.plots import write_plots
+from shared.bench.report import result_table
+from shared.domain.errors import PermanentError
+from shared.messages import BenchmarkRequest
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m shared.bench", description="Benchmark an OpenAI-compatible server."
+    )
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    parser.add_argument("--model", help="served model id (default: the first /v1/models lists)")
+    parser.add_argument("--api-key-file", type=Path, help="file holding the API key")
+    parser.add_argument("--concurrency", type=_numbers, help="concurrency levels, e.g. 1,4,16")
+    parser.add_argument("--rate", type=_numbers, help="request rates (req/s), e.g. 1,2,4: rate mode")
+    parser.add_argument("--arrival", choices=["poisson", "constant"], default="poisson")
+    parser.add_argument("--max-concurrency", type=int, help="rate mode: cap on requests in flight")
+    parser.add_argument("--num-prompts", type=int, default=64, help="requests per level")
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--prompt-file", type=Path, help="prompts: one per line, or .jsonl with 'prompt'")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json, model folder or HF cache (optional)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests")
+    parser.add_argument("--duration", type=float, help="seconds per level (stops starting requests after)")
+    parser.add_argument("--slo-ttft-ms", type=float)
+    parser.add_argument("--slo-tpot-ms", type=float)
+    parser.add_argument("--slo-e2el-ms", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for result, records and plots")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    api_key = args.api_key_file.read_text(encoding="utf-8").strip() if args.api_key_file else None
+    entries = read_prompt_file(args.prompt_file) if args.prompt_file else None
+    fields: dict[str, object] = {
+        "mode": "rate" if args.rate else "concurrency",
+        "arrival": args.arrival,
+        "endpoint": args.endpoint,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "warmup_requests": args.warmup,
+        "duration_s": args.duration,
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_tpot_ms": args.slo_tpot_ms,
+        "slo_e2el_ms": args.slo_e2el_ms,
+        "seed": args.seed,
+        "max_concurrency": args.max_concurrency,
+        "dataset": "prompts" if entries else "random",
+        # the file's prompts go to the generator directly (prompt_entries); one is enough for validation
+        "prompts": tuple(text for text, _ in entries[:1]) if entries else (),
+    }
+    if args.rate:
+        fields["request_rate"] = args.rate
+    if args.concurrency:
+        fields["concurrency"] = tuple(int(level) for level in args.concurrency)
+    try:
+        request = BenchmarkRequest.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"error: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", file=sys.stderr)
+        return 2
+    tokenizer = find_tokenizer_file(args.tokenizer) if args.tokenizer else None
+    generator = LoadGenerator(
+        Target(args.url, endpoint=args.endpoint, model=args.model, api_key=api_key), tokenizer_file=tokenizer
+    )
+    try:
+        result = asyncio.run(generator.run(request, prompt_entries=entries))
+    except PermanentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = result.as_dict()
+    (args.out / "result.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    with (args.out / "records.jsonl").open("w", encoding="utf-8") as out:
+        for line in result.records_jsonl():
+            out.write(line + "\n")
+    write_plots(summary, args.out)
+    print(result_table(summary))
+    print(f"\nwrote {args.out}/result.json, records.jsonl and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,457 @@
+"""The node agent: runs benchmarks next to vLLM on the TPU VM and publishes what it measured.
+
+Run it as ``python -m shared.bench.node_agent`` (the startup script does, with the ``TPUCTL_*`` variables of
+``shared.domain.serving_plan.NODE_AGENT_ENV_NAMES``; the local cloud's node runtime does too). It:
+
+1. takes ``<journal dir>/agent.lock`` (one agent, so one run at a time, per node);
+2. reports runs a previous process left ``running`` as failed, with that cause, and publishes any result not
+   yet published (``shared.bench.journal``);
+3. publishes ``node.booted`` with the machine's details (``shared.bench.system_info``);
+4. pulls ``benchmark.run`` dispatches from its own subscription on the node-tasks topic, filtered on
+   ``attributes.deployment_id``; a dispatch is written to the journal and acked, then run, one at a time;
+   a redelivered run id is acked without running twice;
+5. runs the load generator against the local vLLM (``shared.bench.loadgen``), keeps the per-request records in a
+   JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status, structured result, cause
+   of failure) on the events topic, retrying the publish until the bus takes it.
+
+SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
+during the run"), publish that and exit. The API key is read from a file and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.bench.journal import AgentLock, JournalEntry, RunJournal
+from shared.bench.loadgen import LoadGenerator, Target
+from shared.bench.system_info import boot_id, system_info
+from shared.config import Settings
+from shared.domain.errors import InvalidMessage, PermanentError
+from shared.domain.models import DEPLOYMENT_ID_PATTERN
+from shared.messages import (
+    MAX_MESSAGE_BYTES,
+    BenchmarkCompleted,
+    NodeBooted,
+    RunBenchmark,
+    decode_message,
+    encode_message,
+    message_attributes,
+)
+from shared.ports import Clock, CommandBus, Delivery
+
+__all__ = [
+    "NodeAgent",
+    "NodeAgentSettings",
+    "RunControl",
+    "RunOutcome",
+    "VllmRunner",
+    "main",
+    "node_subscription",
+    "shrink_result",
+]
+
+log = logging.getLogger("tpuctl.node_agent")
+
+_ID_NAMESPACE = uuid.UUID("0c8f5f6e-3a1d-4e0b-9d43-6b2f1c7e9a55")
+_STOP_GRACE_S = 5.0
+_RESULT_BUDGET_BYTES = MAX_MESSAGE_BYTES - 4096  # room for the envelope
+
+
+class NodeAgentSettings(BaseSettings):
+    """The agent's own settings (``TPUCTL_`` variables, next to the shared ``Settings``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TPUCTL_", frozen=True, extra="ignore")
+
+    deployment_id: str = Field(pattern=DEPLOYMENT_ID_PATTERN, description="The deployment this node serves.")
+    node_vllm_url: str = Field(default="http://127.0.0.1:8000", description="The local vLLM's base URL.")
+    node_api_key_file: Path | None = Field(default=None, description="File holding the vLLM API key.")
+    node_served_model: str | None = Field(default=None, description="Served model id (default: the first listed).")
+    node_journal_dir: Path | None = Field(
+        default=None, description="Journal and results; default /var/lib/tpuctl/bench (gcp) or DATA_DIR/node-<id>."
+    )
+    node_tokenizer: Path | None = Field(
+        default=None, description="A tokenizer.json, model folder or HF cache to count tokens locally."
+    )
+    node_name: str = Field(default_factory=socket.gethostname, description="This node's name in events.")
+    node_poll_s: float = Field(default=1.0, gt=0, le=60, description="How long one pull waits for a dispatch.")
+
+
+def node_subscription(deployment_id: str) -> str:
+    """The node agent's subscription on the node-tasks topic."""
+    return f"tpuctl-node-{deployment_id}"
+
+
+@dataclass
+class RunOutcome:
+    """What a runner hands back: the structured result and the per-request records (JSON lines)."""
+
+    result: dict[str, Any]
+    records: Iterable[str] = ()
+    cancelled: bool = False
+
+
+@dataclass
+class RunControl:
+    """Lets the agent stop a run: the runner registers how; :meth:`stop` calls it."""
+
+    stopping: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+    _on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        self._on_stop.append(callback)
+        if self.stopping.is_set():
+            callback()
+
+    def stop(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.stopping.set()
+        for callback in list(self._on_stop):
+            callback()
+
+
+Runner = Callable[[RunBenchmark, RunControl], Coroutine[Any, Any, RunOutcome]]
+
+
+class VllmRunner:
+    """The default runner: :class:`~shared.bench.loadgen.LoadGenerator` against the local server."""
+
+    def __init__(self, target: Target, *, tokenizer_file: Path | None = None) -> None:
+        self.target = target
+        self.tokenizer_file = tokenizer_file
+
+    async def __call__(self, message: RunBenchmark, control: RunControl) -> RunOutcome:
+        generator = LoadGenerator(self.target, tokenizer_file=self.tokenizer_file)
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def stop_soon() -> None:
+            generator.stop()
+            if task is not None:
+                loop.call_later(_STOP_GRACE_S, task.cancel)  # requests still in flight after the grace are dropped
+
+        def stop_from_any_thread() -> None:
+            loop.call_soon_threadsafe(stop_soon)
+
+        control.on_stop(stop_from_any_thread)
+        result = await generator.run(message.benchmark)
+        return RunOutcome(result=result.as_dict(), records=result.records_jsonl(), cancelled=result.cancelled)
+
+
+class NodeAgent:
+    """Receives dispatches for one deployment, runs them one at a time, reports each exactly once."""
+
+    def __init__(
+        self,
+        bus: CommandBus,
+        *,
+        deployment_id: str,
+        node_name: str,
+        journal: RunJournal,
+        runner: Runner,
+        clock: Clock,
+        node_tasks_topic: str = "tpuctl-node-tasks",
+        events_topic: str = "tpuctl-events",
+        system: Callable[[], dict[str, Any]] = system_info,
+        boot: Callable[[], str | None] = boot_id,
+    ) -> None:
+        self.bus = bus
+        self.deployment_id = deployment_id
+        self.node_name = node_name
+        self.journal = journal
+        self.runner = runner
+        self.clock = clock
+        self.node_tasks_topic = node_tasks_topic
+        self.events_topic = events_topic
+        self.subscription = node_subscription(deployment_id)
+        self._system = system
+        self._boot = boot
+        self._booted_published = False
+        self.control: RunControl | None = None
+        self.stopping = threading.Event()
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Subscribe, settle what a previous process left behind, announce the node. Returns recovered run ids."""
+        self.bus.ensure_topic(self.node_tasks_topic)
+        self.bus.ensure_topic(self.events_topic)
+        self.bus.ensure_subscription(
+            self.node_tasks_topic,
+            self.subscription,
+            filter=f'attributes.deployment_id = "{self.deployment_id}"',
+        )
+        recovered = self.recover()
+        self.publish_booted()
+        self.publish_pending()
+        return recovered
+
+    def recover(self) -> list[str]:
+        """Every run a previous agent left ``running`` becomes ``failed`` with the cause."""
+        recovered = []
+        for entry in self.journal.interrupted():
+            cause = (
+                f"the node agent restarted while this run was in progress (previous agent pid {entry.pid}, "
+                f"run started {entry.started_at}); the run did not finish"
+            )
+            self.journal.finish(entry.run_id, "failed", self._now(), error=cause)
+            log.warning("run %s was interrupted by an agent restart", entry.run_id)
+            recovered.append(entry.run_id)
+        return recovered
+
+    def serve(self, stop: threading.Event, *, poll_s: float = 1.0) -> None:
+        """Until ``stop`` is set: publish what is pending, run what is accepted, else wait for a dispatch."""
+        while not stop.is_set():
+            self.publish_booted()
+            self.publish_pending()
+            if stop.is_set():
+                return
+            if self.run_next():
+                continue
+            self.poll_once(timeout_s=poll_s)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop serving; a run in progress is stopped and reported failed with ``reason``."""
+        self.stopping.set()
+        if self.control is not None:
+            self.control.stop(reason)
+
+    # --- receiving ---------------------------------------------------------------------------------------------
+
+    def poll_once(self, *, timeout_s: float = 1.0) -> int:
+        return self.bus.pull(self.subscription, self._accept, max_messages=1, timeout_s=timeout_s)
+
+    def _accept(self, delivery: Delivery) -> None:
+        try:
+            message = decode_message(delivery.data)
+        except InvalidMessage as exc:
+            log.warning("dropped an unreadable dispatch %s: %s", delivery.message_id, exc)
+            return
+        if not isinstance(message, RunBenchmark) or message.deployment_id != self.deployment_id:
+            log.warning("dropped a %s for %s", getattr(message, "kind", "?"), getattr(message, "deployment_id", "?"))
+            return
+        if self.journal.accept(message.command_id, delivery.data.decode("utf-8"), self._now()):
+            log.info("accepted run %s", message.command_id)
+        else:
+            log.info("run %s was already accepted; redelivery acked", message.command_id)
+
+    # --- running -----------------------------------------------------------------------------------------------
+
+    def run_next(self) -> bool:
+        """Run the oldest accepted run, if any, to the end; returns whether one ran."""
+        entry = self.journal.next_accepted()
+        if entry is None or self.stopping.is_set():
+            return False
+        self._run(entry)
+        self.publish_pending()
+        return True
+
+    def _run(self, entry: JournalEntry) -> None:
+        message = decode_message(entry.message)
+        assert isinstance(message, RunBenchmark)
+        self.journal.mark_running(entry.run_id, self._now(), os.getpid())
+        control = RunControl()
+        self.control = control
+        log.info("running %s", entry.run_id)
+        try:
+            outcome = asyncio.run(self.runner(message, control))
+        except asyncio.CancelledError:
+            self.journal.finish(entry.run_id, "failed", self._now(), error=f"stopped during the run: {control.reason}")
+            return
+        except PermanentError as exc:
+            self.journal.finish(entry.run_id, "failed", self._now(), error=str(exc)[:3900])
+            return
+        except Exception as exc:  # a failed run is a result to report, never a reason for the agent to die
+            log.exception("run %s failed", entry.run_id)
+            error = f"{type(exc).__name__}: {exc}"[:3900]
+            self.journal.finish(entry.run_id, "failed", self._now(), error=error)
+            return
+        finally:
+            self.control = None
+        result_file = self.journal.result_path(entry.run_id, ".json")
+        records_file = self.journal.result_path(entry.run_id, ".records.jsonl")
+        with records_file.open("w", encoding="utf-8") as out:
+            for line in outcome.records:
+                out.write(line + "\n")
+        result = {**outcome.result, "node": self._node_summary(), "records_file": str(records_file)}
+        result_file.write_text(json.dumps(result), encoding="utf-8")
+        if outcome.cancelled or control.stopping.is_set():
+            error = f"stopped during the run: {control.reason or 'stop requested'}; partial result kept"
+            self.journal.finish(
+                entry.run_id,
+                "failed",
+                self._now(),
+                error=error,
+                result_file=str(result_file),
+                records_file=str(records_file),
+            )
+            return
+        self.journal.finish(
+            entry.run_id, "completed", self._now(), result_file=str(result_file), records_file=str(records_file)
+        )
+
+    def _node_summary(self) -> dict[str, Any]:
+        info = self._system()
+        return {
+            "name": self.node_name,
+            "cpu_model": info.get("cpu_model"),
+            "cpus": info.get("cpus"),
+            "accelerator": info.get("accelerator"),
+        }
+
+    # --- publishing --------------------------------------------------------------------------------------------
+
+    def publish_pending(self) -> int:
+        """Publish every finished run the bus has not taken yet; returns how many went out."""
+        sent = 0
+        for entry in self.journal.unpublished():
+            result = None
+            if entry.result_file:
+                try:
+                    result = json.loads(Path(entry.result_file).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    result = None
+            event = BenchmarkCompleted(
+                command_id=str(uuid.uuid5(_ID_NAMESPACE, f"{entry.run_id}/completed")),
+                issued_at=self.clock.now(),
+                deployment_id=self.deployment_id,
+                run_id=entry.run_id,
+                status="completed" if entry.state == "completed" else "failed",
+                result=shrink_result(result) if result is not None else None,
+                error=entry.error[:4000],
+            )
+            if not self._publish(event):
+                return sent
+            self.journal.mark_published(entry.run_id)
+            sent += 1
+        return sent
+
+    def publish_booted(self) -> bool:
+        if self._booted_published:
+            return True
+        boot = self._boot() or "unknown-boot"
+        event = NodeBooted(
+            command_id=str(uuid.uuid5(_ID_NAMESPACE, f"{self.deployment_id}/{self.node_name}/{boot}")),
+            issued_at=self.clock.now(),
+            deployment_id=self.deployment_id,
+            node=self.node_name[:200],
+            system=self._system(),
+        )
+        self._booted_published = self._publish(event)
+        return self._booted_published
+
+    def _publish(self, message: BenchmarkCompleted | NodeBooted) -> bool:
+        try:
+            self.bus.publish(
+                self.events_topic, encode_message(message), message_attributes(message), ordering_key=self.deployment_id
+            )
+        except Exception:  # the bus is down: keep it for the next round
+            log.exception("could not publish %s", message.kind)
+            return False
+        return True
+
+    def _now(self) -> str:
+        return self.clock.now().isoformat()
+
+
+def shrink_result(result: dict[str, Any], budget: int = _RESULT_BUDGET_BYTES) -> dict[str, Any]:
+    """Fit a result into one message: drop std and median figures, then the highest levels, saying so."""
+    if len(json.dumps(result)) <= budget:
+        return result
+    slim = dict(result)
+    slim["points"] = [
+        {k: v for k, v in point.items() if not k.startswith(("std_", "median_"))} for point in result.get("points", [])
+    ]
+    slim["truncated"] = "std_ and median_ figures dropped to fit one message; the full result is on the node"
+    while len(json.dumps(slim)) > budget and slim["points"]:
+        slim["points"] = slim["points"][:-1]
+        slim["truncated"] = (
+            f"only the first {len(slim['points'])} levels fit one message; the full result is on the node"
+        )
+    return slim
+
+
+def _journal_dir(settings: Settings, agent: NodeAgentSettings) -> Path:
+    if agent.node_journal_dir is not None:
+        return agent.node_journal_dir
+    if settings.backend == "gcp":
+        return Path("/var/lib/tpuctl/bench")
+    return Path(settings.data_dir) / f"node-{agent.deployment_id}"
+
+
+def _read_key(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise SystemExit(f"node_api_key_file: cannot read {path}: {exc.strerror}") from None
+    return key or None
+
+
+def main() -> int:
+    """Entry point of ``python -m shared.bench.node_agent``."""
+    from shared.adapters.clock import SystemClock
+    from shared.bench.datasets import find_tokenizer_file
+    from shared.config import get_settings
+    from shared.logging import configure_logging, register_secret
+    from shared.wiring import Runtime
+
+    settings = get_settings()
+    configure_logging(settings.log_level)
+    agent_settings = NodeAgentSettings()
+    api_key = _read_key(agent_settings.node_api_key_file)
+    register_secret(api_key)
+    journal_dir = _journal_dir(settings, agent_settings)
+    lock = AgentLock(journal_dir)
+    lock.acquire()
+    runtime = Runtime(settings)
+    tokenizer = find_tokenizer_file(agent_settings.node_tokenizer) if agent_settings.node_tokenizer else None
+    agent = NodeAgent(
+        runtime.bus,
+        deployment_id=agent_settings.deployment_id,
+        node_name=agent_settings.node_name,
+        journal=RunJournal(journal_dir),
+        runner=VllmRunner(
+            Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=api_key),
+            tokenizer_file=tokenizer,
+        ),
+        clock=SystemClock(),
+        node_tasks_topic=runtime.topic("node-tasks"),
+        events_topic=runtime.topic("events"),
+        system=lambda: system_info(environ=os.environ, disk_paths=(Path("/"), journal_dir)),
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+        agent.request_stop(f"node agent received {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        recovered = agent.start()
+        log.info("node agent for %s up (recovered %d interrupted run(s))", agent.deployment_id, len(recovered))
+        agent.serve(stop, poll_s=agent_settings.node_poll_s)
+        agent.publish_pending()
+    finally:
+        lock.release()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

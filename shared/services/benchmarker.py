@@ -1,0 +1,579 @@
+"""The benchmarker: records benchmark requests, dispatches them to the node, stores results with a comparison.
+
+``Benchmarker(...).handle(message) -> str`` is the entry for ``functions/benchmark`` (raise to retry, return
+to ack; ``shared.entry`` maps the error families):
+
+- ``benchmark.run``: the run (id = ``command_id``) is recorded with the deployment's plan through
+  ``StateStore.create_benchmark_run`` (create-if-absent, so a redelivery changes nothing), checked (the
+  deployment exists and serves; the workload fits its ``max_model_len``), then published on the node-tasks
+  topic with ``deployment_id``, ``kind`` and ``run_id`` attributes, which the node agent's subscription
+  filters on. A refused run is stored ``failed`` with the reason (users read it with the run id) and raised
+  as ``PermanentError``. A run recorded but not dispatched (a crash in between) is dispatched on redelivery.
+- ``benchmark.completed`` (from the node agent): the result is stored with the plan (model, slice, tier,
+  zone, image, vLLM version and flags) and a comparison with the deployment's previous completed run and
+  with the best run of the same model on other slices, as JSON (``result["comparison"]``) and as a table
+  (``result["comparison_table"]``). The same event twice is a no-op.
+- ``benchmark.schedule``: one Scheduler job per deployment (``tpuctl-bench-<deployment>``) publishing a
+  ``benchmark.run`` on the cron (``cron`` None deletes it). The job's messages carry the ``scheduled_job``
+  attribute, so each firing is its own run (``shared.entry``). :func:`delete_benchmark_jobs` is what the
+  provisioner calls when a deployment is deleted.
+
+Runs dispatched but never answered (the node died) are marked failed after ``result_timeout_s`` plus the
+run's own duration bound, whenever a message for that deployment is handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shared.domain.errors import CloudError, InvalidMessage, PermanentError, TransientError
+from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
+from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+from shared.messages import (
+    SCHEDULED_JOB_ATTRIBUTE,
+    BenchmarkCompleted,
+    BenchmarkRequest,
+    NodeBooted,
+    RunBenchmark,
+    ScheduleBenchmark,
+    encode_message,
+    message_attributes,
+)
+from shared.ports import Clock, CommandBus, SchedulerApi, SchedulerJob, StateStore
+
+__all__ = [
+    "Benchmarker",
+    "BenchmarkerSettings",
+    "benchmark_job_name",
+    "compare_runs",
+    "delete_benchmark_jobs",
+    "headline",
+    "plan_summary",
+]
+
+log = logging.getLogger("tpuctl.benchmarker")
+
+JOB_PREFIX = "tpuctl-bench-"
+_TEMPLATE_NAMESPACE = uuid.UUID("9a3e6c1d-2b7f-4d8a-8e5c-1f0b3d7a6c42")
+_RUNNABLE_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED})
+_OPEN_STATES = ("requested", "dispatched", "running")
+
+
+@dataclass(frozen=True)
+class BenchmarkerSettings:
+    """Knobs of the benchmark service; the entry point builds it from ``shared.config.Settings``."""
+
+    project: str = "tpuctl-local"
+    """Project used to rebuild a deployment's serving plan (names only; nothing is called)."""
+    topic_commands: str = "tpuctl-commands"
+    topic_node_tasks: str = "tpuctl-node-tasks"
+    result_timeout_s: float = 7200.0
+    """How long a dispatched run may stay unanswered (plus its duration bound) before it is marked failed."""
+    regression_share: float = 0.10
+    """A drop in output throughput (or rise in TTFT p50 of twice this) beyond this share is a regression."""
+    history_limit: int = 500
+    """Runs read to find the previous run and the best run on other slices."""
+
+    def __post_init__(self) -> None:
+        if self.result_timeout_s <= 0:
+            raise ValueError(f"result_timeout_s: {self.result_timeout_s} must be > 0")
+        if not 0 < self.regression_share < 1:
+            raise ValueError(f"regression_share: {self.regression_share} must be between 0 and 1")
+
+
+def benchmark_job_name(deployment_id: str) -> str:
+    """The Scheduler job of a deployment's scheduled benchmark."""
+    return f"{JOB_PREFIX}{deployment_id}"
+
+
+def delete_benchmark_jobs(scheduler: SchedulerApi, deployment_id: str) -> list[str]:
+    """Delete the deployment's scheduled-benchmark job(s); returns the names deleted. Safe to repeat."""
+    name = benchmark_job_name(deployment_id)
+    deleted = []
+    for job in scheduler.list_jobs(prefix=name):
+        if job.name == name:
+            scheduler.delete_job(job.name)
+            deleted.append(job.name)
+    return deleted
+
+
+def plan_summary(record: DeploymentRecord, project: str) -> dict[str, Any]:
+    """What a result is stored with: model, slice, tier, zone, image, flags (vLLM version comes with the result)."""
+    spec = record.spec
+    plan: dict[str, Any] = {
+        "model": spec.model,
+        "accelerator": spec.accelerator,
+        "tier": record.status.tier.value if record.status.tier else None,
+        "zone": record.status.zone,
+        "generation": record.generation,
+    }
+    try:
+        summary = build_serving_plan(spec, ServingEnvironment(project=project)).summary()
+    except PermanentError as exc:  # a spec the catalog cannot plan still gets its run recorded
+        plan["plan_error"] = str(exc)[:300]
+        return plan
+    argv = [str(arg) for arg in summary.get("argv", [])]
+    plan.update(
+        hub_id=summary.get("hub_id"),
+        chips=summary.get("chips"),
+        topology=summary.get("topology"),
+        image=summary.get("image"),
+        plan_hash=summary.get("plan_hash"),
+        flags=argv[3:],
+        env=summary.get("env", {}),
+        max_model_len=_flag_value(argv, "--max-model-len"),
+    )
+    return plan
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> int | None:
+    if flag in argv:
+        index = argv.index(flag)
+        if index + 1 < len(argv) and argv[index + 1].isdigit():
+            return int(argv[index + 1])
+    return None
+
+
+class Benchmarker:
+    """Benchmark commands and results, through ports only. See the module docstring."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        bus: CommandBus,
+        clock: Clock,
+        *,
+        scheduler: SchedulerApi | None = None,
+        settings: BenchmarkerSettings | None = None,
+        plan: Callable[[DeploymentRecord], dict[str, Any]] | None = None,
+    ) -> None:
+        self._store = store
+        self._bus = bus
+        self._clock = clock
+        self._scheduler = scheduler
+        self._settings = settings or BenchmarkerSettings()
+        self._plan = plan or (lambda record: plan_summary(record, self._settings.project))
+
+    def handle(self, message: Any) -> str:
+        """Dispatch one decoded message; other kinds are acknowledged without effect."""
+        if isinstance(message, RunBenchmark):
+            return self.run(message)
+        if isinstance(message, BenchmarkCompleted):
+            return self.ingest(message)
+        if isinstance(message, ScheduleBenchmark):
+            return self.schedule(message)
+        if isinstance(message, NodeBooted):
+            return f"noted: node {message.node} of {message.deployment_id} booted"
+        return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a benchmark message"
+
+    # --- benchmark.run -----------------------------------------------------------------------------------------
+
+    def run(self, message: RunBenchmark) -> str:
+        now = self._clock.now()
+        self.expire_stale(message.deployment_id, now)
+        run_id = message.command_id
+        record = self._store.get_deployment(message.deployment_id)
+        plan = self._plan(record) if record is not None else {}
+        refusal = _refusal(record, message.deployment_id, message.benchmark, plan)
+        run = BenchmarkRun(
+            run_id=run_id,
+            deployment_id=message.deployment_id,
+            status="failed" if refusal else "requested",
+            request=message.benchmark.model_dump(mode="json"),
+            plan=plan,
+            error=refusal or "",
+            created_at=now,
+            updated_at=now,
+        )
+        created, stored = self._store.create_benchmark_run(run)
+        if not created:
+            if stored.status != "requested":
+                return f"duplicate: run {run_id} is already {stored.status}"
+            log.info("run %s was recorded but not dispatched; dispatching now", run_id)
+        elif refusal:
+            raise PermanentError(f"benchmark run {run_id} refused: {refusal}")
+        self._bus.publish(
+            self._settings.topic_node_tasks,
+            encode_message(message),
+            {**message_attributes(message), "run_id": run_id},
+            ordering_key=message.deployment_id,
+        )
+        self._store.update_benchmark_run(stored.model_copy(update={"status": "dispatched", "updated_at": now}))
+        return f"dispatched run {run_id} to the node of {message.deployment_id}"
+
+    def expire_stale(self, deployment_id: str, now: datetime) -> list[str]:
+        """Mark runs of the deployment that never got an answer as failed; returns their ids."""
+        expired = []
+        for run in self._store.list_benchmark_runs(deployment_id, limit=self._settings.history_limit):
+            if run.status not in _OPEN_STATES:
+                continue
+            allowed = self._settings.result_timeout_s + _duration_bound(run.request)
+            if (now - run.updated_at).total_seconds() <= allowed:
+                continue
+            error = (
+                f"no result from the node agent within {allowed:.0f} s of dispatch (the node may be down or "
+                "restarted without its journal); run it again"
+            )
+            self._store.update_benchmark_run(
+                run.model_copy(update={"status": "failed", "error": error, "updated_at": now})
+            )
+            expired.append(run.run_id)
+        return expired
+
+    # --- benchmark.completed -----------------------------------------------------------------------------------
+
+    def ingest(self, event: BenchmarkCompleted) -> str:
+        now = self._clock.now()
+        run = self._store.get_benchmark_run(event.run_id)
+        if run is not None and run.result and run.result.get("event_id") == event.command_id:
+            return f"duplicate: result of run {event.run_id} already stored"
+        late = ""
+        if run is None:
+            record = self._store.get_deployment(event.deployment_id)
+            run = BenchmarkRun(
+                run_id=event.run_id,
+                deployment_id=event.deployment_id,
+                status="dispatched",
+                request=dict((event.result or {}).get("request") or {}),
+                plan=self._plan(record) if record is not None else {},
+                created_at=now,
+                updated_at=now,
+            )
+            self._store.create_benchmark_run(run)
+        elif run.status == "failed" and not run.result:
+            late = f" (arrived after the run was marked failed: {run.error[:200]})"
+        if run.deployment_id != event.deployment_id:
+            raise PermanentError(
+                f"run_id: run {event.run_id} belongs to {run.deployment_id}, not {event.deployment_id}"
+            )
+        result: dict[str, Any] = dict(event.result or {})
+        plan = dict(run.plan)
+        server = result.get("server")
+        if isinstance(server, dict) and server.get("version"):
+            plan["vllm_version"] = server.get("version")
+        result["event_id"] = event.command_id
+        stored = run.model_copy(update={"plan": plan, "result": result})
+        if event.status == "completed" and result.get("points"):
+            history = self._store.list_benchmark_runs(None, limit=self._settings.history_limit)
+            comparison = compare_runs(stored, history, regression_share=self._settings.regression_share)
+            result["comparison"] = comparison
+            result["comparison_table"] = comparison_table(stored, comparison)
+        updated = stored.model_copy(
+            update={
+                "status": event.status,
+                "result": result,
+                "error": (event.error + late).strip()[:4000] if event.status == "failed" else late.strip(),
+                "updated_at": now,
+            }
+        )
+        self._store.update_benchmark_run(updated)
+        verdict = ((result.get("comparison") or {}).get("previous") or {}).get("verdict")
+        return f"stored {event.status} run {event.run_id}" + (f"; vs previous: {verdict}" if verdict else "") + late
+
+    # --- benchmark.schedule ------------------------------------------------------------------------------------
+
+    def schedule(self, message: ScheduleBenchmark) -> str:
+        if self._scheduler is None:
+            raise PermanentError("benchmark.schedule: no Scheduler is configured for this controller")
+        name = benchmark_job_name(message.deployment_id)
+        scheduler = self._scheduler
+        if message.cron is None:
+            self._call(lambda: delete_benchmark_jobs(scheduler, message.deployment_id))
+            return f"deleted the scheduled benchmark of {message.deployment_id}"
+        record = self._store.get_deployment(message.deployment_id)
+        if record is None or record.desired is Desired.ABSENT or record.status.phase is Phase.DELETED:
+            raise InvalidMessage(
+                "deployment_id", f"no live deployment {message.deployment_id!r}", "schedule benchmarks of a deployment"
+            )
+        problem = _fits(message.benchmark, self._plan(record))
+        if problem:
+            raise InvalidMessage("benchmark.input_len", problem, "lower input_len or output_len")
+        template = RunBenchmark(
+            command_id=str(uuid.uuid5(_TEMPLATE_NAMESPACE, f"{name}/{message.command_id}")),
+            issued_at=message.issued_at,
+            deployment_id=message.deployment_id,
+            benchmark=message.benchmark,
+        )
+        job = SchedulerJob(
+            name=name,
+            schedule=message.cron,
+            topic=self._settings.topic_commands,
+            data=encode_message(template),
+            attributes={**message_attributes(template), SCHEDULED_JOB_ATTRIBUTE: name},
+        )
+        self._call(lambda: scheduler.upsert_job(job))
+        return f"scheduled benchmark of {message.deployment_id} on '{message.cron}' (job {name})"
+
+    @staticmethod
+    def _call(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except ValueError as exc:  # the local scheduler's cron check
+            raise InvalidMessage("cron", str(exc), "use five unix-cron fields, e.g. '0 3 * * *'") from exc
+        except CloudError as exc:
+            if exc.transient:
+                raise TransientError(f"Scheduler: {exc.message}", retry_after_s=30) from exc
+            raise PermanentError(f"Scheduler refused the job: {exc.message}") from exc
+
+
+# --- checks ---------------------------------------------------------------------------------------------------
+
+
+def _refusal(
+    record: DeploymentRecord | None, deployment_id: str, request: BenchmarkRequest, plan: dict[str, Any]
+) -> str | None:
+    if record is None or record.desired is Desired.ABSENT or record.status.phase is Phase.DELETED:
+        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_list_deployments)"
+    if record.status.phase not in _RUNNABLE_PHASES:
+        return (
+            f"deployment_id: {deployment_id} is {record.status.phase.value}, not serving; "
+            "benchmark it once tpu_get_deployment shows SERVING"
+        )
+    return _fits(request, plan)
+
+
+def _fits(request: BenchmarkRequest, plan: dict[str, Any]) -> str | None:
+    limit = plan.get("max_model_len")
+    needed = request.input_len + request.output_len
+    if request.dataset == "random" and isinstance(limit, int) and needed > limit:
+        return (
+            f"benchmark.input_len: input_len {request.input_len} + output_len {request.output_len} = {needed} tokens "
+            f"exceed the deployment's max_model_len {limit} (lower one of them)"
+        )
+    return None
+
+
+def _duration_bound(request: dict[str, Any]) -> float:
+    duration = request.get("duration_s")
+    levels = request.get("request_rate") if request.get("mode") == "rate" else request.get("concurrency")
+    count = len(levels) if isinstance(levels, list) else 1
+    return float(duration) * count if isinstance(duration, int | float) else 0.0
+
+
+# --- comparison -----------------------------------------------------------------------------------------------
+
+_LEVEL_FIGURES = (
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+)
+
+
+def _points(run: BenchmarkRun) -> list[dict[str, Any]]:
+    points = (run.result or {}).get("points")
+    return [point for point in points if isinstance(point, dict)] if isinstance(points, list) else []
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _workload(run: BenchmarkRun) -> dict[str, Any]:
+    request = run.request or (run.result or {}).get("request") or {}
+    endpoint = (run.result or {}).get("endpoint") or request.get("endpoint")
+    keys = ("mode", "input_len", "output_len", "dataset")
+    return {"endpoint": endpoint, **{key: request.get(key) for key in keys}}
+
+
+def headline(run: BenchmarkRun) -> dict[str, Any]:
+    """Peak output throughput, where it was reached, the knee, and latencies at the knee (or the peak)."""
+    points = _points(run)
+    scored = [(value, point) for point in points if (value := _number(point.get("output_throughput"))) is not None]
+    if not scored:
+        return {}
+    peak_value, peak = max(scored, key=lambda item: item[0])
+    knee = (run.result or {}).get("knee") or {}
+    knee_level = knee.get("level") if isinstance(knee, dict) else None
+    at = next((p for p in points if _number(p.get("level")) == _number(knee_level)), peak)
+    return {
+        "peak_output_throughput": round(peak_value, 2),
+        "peak_request_throughput": _number(peak.get("request_throughput")),
+        "peak_at_level": peak.get("level"),
+        "knee_level": knee_level,
+        "saturated": bool(knee.get("saturated")) if isinstance(knee, dict) else False,
+        "median_ttft_ms_at_knee": _number(at.get("median_ttft_ms")),
+        "p99_ttft_ms_at_knee": _number(at.get("p99_ttft_ms")),
+        "median_itl_ms_at_knee": _number(at.get("median_itl_ms")),
+        "p99_itl_ms_at_knee": _number(at.get("p99_itl_ms")),
+    }
+
+
+def _change(now: float | None, before: float | None) -> float | None:
+    if now is None or before is None or before == 0:
+        return None
+    return round((now - before) / before * 100.0, 1)
+
+
+def _plan_changes(before: dict[str, Any], now: dict[str, Any]) -> dict[str, list[Any]]:
+    keys = ("accelerator", "tier", "image", "vllm_version", "plan_hash", "flags", "env", "generation")
+    return {key: [before.get(key), now.get(key)] for key in keys if before.get(key) != now.get(key)}
+
+
+def _versus_previous(run: BenchmarkRun, previous: BenchmarkRun, regression_share: float) -> dict[str, Any]:
+    if _workload(previous) != _workload(run):
+        return {
+            "run_id": previous.run_id,
+            "created_at": previous.created_at.isoformat(),
+            "verdict": "not comparable",
+            "reason": f"different workload: {_workload(previous)} vs {_workload(run)}",
+            "plan_changes": _plan_changes(previous.plan, run.plan),
+            "levels": [],
+        }
+    before_by_level = {_number(point.get("level")): point for point in _points(previous)}
+    levels = []
+    for point in _points(run):
+        match = before_by_level.get(_number(point.get("level")))
+        if match is None:
+            continue
+        row: dict[str, Any] = {"level": point.get("level")}
+        for figure in _LEVEL_FIGURES:
+            row[f"{figure}_change_pct"] = _change(_number(point.get(figure)), _number(match.get(figure)))
+        levels.append(row)
+    throughput = [
+        row["output_throughput_change_pct"] for row in levels if row["output_throughput_change_pct"] is not None
+    ]
+    ttft = [row["median_ttft_ms_change_pct"] for row in levels if row["median_ttft_ms_change_pct"] is not None]
+    mean_throughput = sum(throughput) / len(throughput) if throughput else None
+    mean_ttft = sum(ttft) / len(ttft) if ttft else None
+    limit = regression_share * 100
+    if mean_throughput is None:
+        verdict, reason = "not comparable", "no load level in common"
+    elif mean_throughput < -limit or (mean_ttft is not None and mean_ttft > 2 * limit):
+        verdict = "regression"
+        reason = f"output throughput {mean_throughput:+.1f}%, TTFT p50 {_signed(mean_ttft)} at common levels"
+    elif mean_throughput > limit and (mean_ttft is None or mean_ttft <= 2 * limit):
+        verdict = "improvement"
+        reason = f"output throughput {mean_throughput:+.1f}%, TTFT p50 {_signed(mean_ttft)} at common levels"
+    else:
+        verdict = "unchanged"
+        reason = f"output throughput {mean_throughput:+.1f}%, TTFT p50 {_signed(mean_ttft)} (within ±{limit:.0f}%)"
+    return {
+        "run_id": previous.run_id,
+        "created_at": previous.created_at.isoformat(),
+        "verdict": verdict,
+        "reason": reason,
+        "output_throughput_change_pct": None if mean_throughput is None else round(mean_throughput, 1),
+        "median_ttft_change_pct": None if mean_ttft is None else round(mean_ttft, 1),
+        "plan_changes": _plan_changes(previous.plan, run.plan),
+        "levels": levels,
+    }
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
+def compare_runs(
+    run: BenchmarkRun, history: Sequence[BenchmarkRun], *, regression_share: float = 0.10
+) -> dict[str, Any]:
+    """JSON comparison of ``run`` with its deployment's previous completed run and the same model elsewhere."""
+    mine = headline(run)
+    completed = [r for r in history if r.status == "completed" and r.run_id != run.run_id and _points(r)]
+    earlier = sorted(
+        (r for r in completed if r.deployment_id == run.deployment_id and r.created_at <= run.created_at),
+        key=lambda r: r.created_at,
+    )
+    comparison: dict[str, Any] = {
+        "run_id": run.run_id,
+        "model": run.plan.get("model"),
+        "accelerator": run.plan.get("accelerator"),
+        "workload": _workload(run),
+        "headline": mine,
+        "previous": _versus_previous(run, earlier[-1], regression_share) if earlier else None,
+        "other_slices": [],
+    }
+    model, accelerator = run.plan.get("model"), run.plan.get("accelerator")
+    best: dict[str, tuple[bool, float, BenchmarkRun]] = {}
+    for other in completed:
+        other_accelerator = other.plan.get("accelerator")
+        if other.plan.get("model") != model or not other_accelerator or other_accelerator == accelerator:
+            continue
+        peak = headline(other).get("peak_output_throughput")
+        if peak is None:
+            continue
+        key = (_workload(other) == _workload(run), float(peak), other)
+        current = best.get(str(other_accelerator))
+        if current is None or key[:2] > current[:2]:
+            best[str(other_accelerator)] = key
+    for other_accelerator, (same_workload, peak, other) in sorted(best.items()):
+        ratio = peak / mine["peak_output_throughput"] if mine.get("peak_output_throughput") else None
+        comparison["other_slices"].append(
+            {
+                "accelerator": other_accelerator,
+                "run_id": other.run_id,
+                "deployment_id": other.deployment_id,
+                "tier": other.plan.get("tier"),
+                "same_workload": same_workload,
+                "headline": headline(other),
+                "peak_output_throughput_ratio": None if ratio is None else round(ratio, 3),
+            }
+        )
+    return comparison
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    number = _number(value)
+    return "-" if number is None else f"{number:,.{digits}f}"
+
+
+def comparison_table(run: BenchmarkRun, comparison: dict[str, Any]) -> str:
+    """The result and its comparison as a plain-text table for people."""
+    workload = comparison.get("workload", {})
+    plan = run.plan
+    lines = [
+        f"Benchmark {run.run_id} of {run.deployment_id}: {plan.get('model')} on {plan.get('accelerator')} "
+        f"({plan.get('tier') or 'tier ?'}, vLLM {plan.get('vllm_version') or '?'})",
+        f"{workload.get('endpoint')} {workload.get('input_len')} in / {workload.get('output_len')} out, "
+        f"{workload.get('mode')} sweep; knee at {comparison.get('headline', {}).get('knee_level')}",
+    ]
+    previous = comparison.get("previous") or {}
+    by_level = {_number(row.get("level")): row for row in previous.get("levels", [])}
+    header = (
+        f"{'level':>8} {'req/s':>9} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
+    )
+    lines += ["", header + (f" {'vs previous':>24}" if previous else ""), "-" * (len(header) + (25 if previous else 0))]
+    for point in _points(run):
+        row = (
+            f"{_cell(point.get('level'), 0) if run.request.get('mode') != 'rate' else _cell(point.get('level'), 2):>8} "
+            f"{_cell(point.get('request_throughput'), 2):>9} {_cell(point.get('output_throughput')):>10} "
+            f"{_cell(point.get('median_ttft_ms')):>9} {_cell(point.get('p99_ttft_ms')):>9} "
+            f"{_cell(point.get('median_itl_ms'), 2):>8} {_cell(point.get('p99_itl_ms'), 2):>8}"
+        )
+        change = by_level.get(_number(point.get("level")))
+        if change is not None:
+            row += (
+                f"   tok/s {_signed(change.get('output_throughput_change_pct'))},"
+                f" TTFT {_signed(change.get('median_ttft_ms_change_pct'))}"
+            )
+        lines.append(row)
+    lines.append("")
+    if previous:
+        lines.append(f"Previous run {previous.get('run_id')}: {previous.get('verdict')} ({previous.get('reason')})")
+        for key, (before, now) in (previous.get("plan_changes") or {}).items():
+            lines.append(f"  changed {key}: {_short(before)} -> {_short(now)}")
+    else:
+        lines.append("No earlier completed run of this deployment to compare with.")
+    for other in comparison.get("other_slices", []):
+        note = "" if other.get("same_workload") else " (different workload)"
+        lines.append(
+            f"Best on {other.get('accelerator')}: run {other.get('run_id')} peaks at "
+            f"{_cell(other.get('headline', {}).get('peak_output_throughput'))} tok/s, "
+            f"{_cell(other.get('peak_output_throughput_ratio'), 2)}x this run{note}"
+        )
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = " ".join(value) if isinstance(value, list) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
