@@ -1226,14 +1226,10 @@ class GatewayCore:
         return round(price * _chips(record.spec.accelerator), 4) if price is not None else None
 
     def _node_system(self, record: DeploymentRecord) -> dict[str, Any] | None:
-        """What the node agent reported about its machine: the boot record when the store keeps one
-        (``StateStore.get_node_info``), else the node summary of the latest benchmark result."""
-        getter = getattr(self.ports.store, "get_node_info", None)
-        if getter is not None:
-            info = getter(record.deployment_id)
-            system = info if isinstance(info, dict) else getattr(info, "system", None)
-            if isinstance(system, dict):
-                return dict(system)
+        """What the node agent reported about its machine: the boot record
+        (kept on the deployment's status from ``node.booted``), else the node summary of the latest benchmark."""
+        if record.status.node_system:
+            return dict(record.status.node_system)
         runs = self.ports.store.list_benchmark_runs(record.deployment_id, limit=20)
         for run in sorted(runs, key=lambda r: r.updated_at, reverse=True):
             node = (run.result or {}).get("node")

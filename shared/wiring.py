@@ -163,6 +163,18 @@ class Runtime:
         probe = VllmProbe(api_key=self.secrets.get(self.settings.vllm_api_key_secret))
         return Monitor(self.store, probe, self.bus, self.clock, settings)
 
+    @cached_property
+    def benchmarker(self) -> Any:
+        """The benchmark service: records runs, dispatches them to the node agent, ingests results."""
+        from shared.services.benchmarker import Benchmarker, BenchmarkerSettings
+
+        settings = BenchmarkerSettings(
+            project=self.project,
+            topic_commands=self.settings.topic_commands,
+            topic_node_tasks=self.settings.topic_node_tasks,
+        )
+        return Benchmarker(self.store, self.bus, self.clock, scheduler=self.scheduler, settings=settings)
+
     def close(self) -> None:
         """Close every port built so far that holds connections (tests and the local runner call it)."""
         for name in ("tpu", "store", "bus", "scheduler", "secrets"):

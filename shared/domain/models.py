@@ -308,6 +308,7 @@ class DeploymentStatus(BaseModel):
     phase_since: UtcDateTime | None = None
     serving_since: UtcDateTime | None = None
     last_request_at: UtcDateTime | None = None
+    node_system: dict[str, Any] | None = None  # what the node agent reported at boot (OS, CPU, RAM, accelerator)
 
 
 class DeploymentRecord(BaseModel):

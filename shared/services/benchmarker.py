@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.domain.errors import CloudError, InvalidMessage, PermanentError, TransientError
+from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 from shared.messages import (
@@ -169,8 +169,30 @@ class Benchmarker:
         if isinstance(message, ScheduleBenchmark):
             return self.schedule(message)
         if isinstance(message, NodeBooted):
-            return f"noted: node {message.node} of {message.deployment_id} booted"
+            return self.node_booted(message)
         return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a benchmark message"
+
+    # --- node.booted --------------------------------------------------------------------------------------------
+
+    def node_booted(self, message: NodeBooted) -> str:
+        """Keep the node's system details on the deployment (the gateway's node view reads them)."""
+        for _ in range(3):
+            record = self._store.get_deployment(message.deployment_id)
+            if record is None:
+                return f"ignored: node {message.node} reports for unknown deployment {message.deployment_id}"
+            system = {"node": message.node, **message.system}
+            if record.status.node_system == system:
+                return f"noted: node {message.node} of {message.deployment_id} (unchanged)"
+            status = record.status.model_copy(update={"node_system": system})
+            try:
+                self._store.put_deployment(
+                    record.model_copy(update={"status": status, "updated_at": self._clock.now()}),
+                    expected_version=record.version,
+                )
+            except ConflictError:
+                continue
+            return f"noted: node {message.node} of {message.deployment_id} booted"
+        raise TransientError(f"deployment {message.deployment_id} kept changing; node details retried later")
 
     # --- benchmark.run -----------------------------------------------------------------------------------------
 

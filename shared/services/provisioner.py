@@ -64,6 +64,7 @@ from shared.domain.ratelimit import BucketState, TokenBucket
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
 from shared.messages import ReconcileTick, encode_message, message_attributes
 from shared.ports import Clock, Fence, SchedulerApi, SchedulerJob, StateStore, TpuApi
+from shared.services.benchmarker import delete_benchmark_jobs
 from shared.services.janitor import Janitor, JanitorReport
 
 __all__ = ["TICK_JOB_NAME", "Provisioner", "ProvisionerSettings", "ReconcileResult", "reconcile_tick_job"]
@@ -263,6 +264,8 @@ class Provisioner:
             return existing.model_copy(update={"desired": Desired.ABSENT, "updated_at": now})
 
         _, changed = self._change_record(deployment_id, change)
+        if self._scheduler is not None:  # scheduled benchmarks must not outlive their deployment
+            delete_benchmark_jobs(self._scheduler, deployment_id)
         return self._after_command(deployment_id, f"deleting {deployment_id}" if changed else "already deleting")
 
     def stop(self, message: Any) -> str:

@@ -295,8 +295,22 @@ class TestIngest:
 
     def test_other_kinds_are_acknowledged_without_effect(self, world: World) -> None:
         booted = NodeBooted(command_id=new_command_id(), issued_at=START, deployment_id="gemma-a", node="n1")
-        assert world.benchmarker.handle(booted).startswith("noted")
+        assert world.benchmarker.handle(booted).startswith("ignored: node n1 reports for unknown deployment")
         assert world.benchmarker.handle(object()).startswith("ignored")
+
+    def test_a_node_boot_report_is_kept_on_the_deployment_once(self, world: World) -> None:
+        world.deploy()
+        system = {"os": "Linux 6.1", "cpu_model": "AMD EPYC", "accelerator_type": "v6e-4", "chips": 4}
+        booted = NodeBooted(
+            command_id=new_command_id(), issued_at=START, deployment_id="gemma-a", node="n1", system=system
+        )
+        assert world.benchmarker.handle(booted) == "noted: node n1 of gemma-a booted"
+        record = world.store.get_deployment("gemma-a")
+        assert record is not None
+        assert record.status.node_system == {"node": "n1", **system}
+        assert world.benchmarker.handle(booted).endswith("(unchanged)")
+        again = world.store.get_deployment("gemma-a")
+        assert again is not None and again.version == record.version
 
 
 def _schedule(cron: str | None, deployment_id: str = "gemma-a") -> ScheduleBenchmark:

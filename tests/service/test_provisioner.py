@@ -17,6 +17,7 @@ from shared.domain.errors import LeaseHeld, PermanentError, StaleGeneration
 from shared.domain.models import Desired, Phase, Tier
 from shared.messages import CreateDeployment
 from shared.ports import SchedulerApi, SchedulerJob, TpuApi
+from shared.services.benchmarker import benchmark_job_name
 from shared.services.provisioner import TICK_JOB_NAME, ProvisionerSettings, reconcile_tick_job
 from tests.support.fixtures_provisioner import HarnessFactory, spot, world
 from tests.support.provisioner_harness import Harness, make_spec
@@ -331,6 +332,16 @@ class TestTickJob:
         h.create(make_spec("gemma-next", zones=ZONES))
         assert not self._paused(scheduler)
         h.run_until_phase(Phase.BOOTING, minutes=10, deployment_id="gemma-next")
+
+    def test_deleting_a_deployment_deletes_its_scheduled_benchmark(
+        self, harness_factory: HarnessFactory, scheduler: SchedulerApi
+    ) -> None:
+        h = harness_factory(PLENTY, settings=self._settings(), scheduler=scheduler)
+        h.create(zones=ZONES)
+        job = SchedulerJob(name=benchmark_job_name("gemma"), schedule="0 3 * * *", topic="tpuctl-commands", data=b"{}")
+        scheduler.upsert_job(job)
+        h.delete()
+        assert scheduler.get_job(benchmark_job_name("gemma")) is None
 
     def test_a_create_racing_the_pause_is_never_stranded(
         self, harness_factory: HarnessFactory, scheduler: SchedulerApi

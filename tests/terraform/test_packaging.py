@@ -36,6 +36,7 @@ DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "google-cloud-scheduler": ("google.cloud.scheduler",),
     "google-cloud-secret-manager": ("google.cloud.secretmanager",),
     "google-cloud-compute": ("google.cloud.compute",),
+    "google-cloud-billing": ("google.cloud.billing",),
     "google-cloud-logging": ("google.cloud.logging",),
     "google-api-core": ("google.api_core", "google.protobuf", "google.longrunning", "google.rpc", "requests"),
     "google-auth": ("google.auth", "google.oauth2"),
