@@ -26,6 +26,15 @@ class Settings(BaseSettings):
     tpu_endpoint: str | None = Field(
         default=None, description="Override the TPU API endpoint, e.g. http://127.0.0.1:8471 for the simulator."
     )
+    clock: Literal["system", "simulator"] = Field(
+        default="system",
+        description="simulator: follow the virtual time of the TPU simulator at tpu_endpoint (the local cloud).",
+    )
+    emulators: bool = Field(
+        default=False,
+        description="With backend local: the store and the bus on the Firestore and Pub/Sub emulators "
+        "(FIRESTORE_EMULATOR_HOST, PUBSUB_EMULATOR_HOST); secrets, scheduler and TPU stay local.",
+    )
     firestore_database: str = Field(default="(default)", description="Firestore database id.")
     topic_commands: str = "tpuctl-commands"
     topic_ticks: str = "tpuctl-ticks"
@@ -46,6 +55,8 @@ class Settings(BaseSettings):
     def _gcp_needs_project(self) -> Settings:
         if self.backend == "gcp" and not self.project:
             raise ValueError("TPUCTL_PROJECT: required when TPUCTL_BACKEND=gcp (set it to your project id)")
+        if self.clock == "simulator" and not self.tpu_endpoint:
+            raise ValueError("TPUCTL_CLOCK: 'simulator' needs TPUCTL_TPU_ENDPOINT (the simulator's http:// URL)")
         return self
 
 

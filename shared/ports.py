@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
+from shared.domain.health import ProbeResult
 from shared.domain.models import (
     BenchmarkRun,
     CommandRecord,
@@ -28,9 +29,17 @@ __all__ = [
     "Delivery",
     "Fence",
     "Handler",
+    "LogEntry",
+    "LogQuery",
+    "LogReader",
+    "ModelChat",
+    "ModelChatRequest",
+    "ModelClient",
+    "ModelEndpointCheck",
     "SchedulerApi",
     "SchedulerJob",
     "SecretStore",
+    "ServingProbe",
     "StateStore",
     "TpuApi",
 ]
@@ -231,3 +240,101 @@ class TpuApi(Protocol):
     def stop_node(self, zone: str, node_id: str) -> OperationStatus: ...
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus: ...
+
+
+LogSeverity = Literal["DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"]
+LOG_SEVERITIES: tuple[str, ...] = get_args(LogSeverity)
+LogSource = Literal["any", "controller", "node"]
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """A bounded log read. Every field is a closed value, so no caller text ever reaches a filter expression."""
+
+    deployment_id: str | None = None
+    since: datetime | None = None
+    min_severity: LogSeverity = "DEFAULT"
+    source: LogSource = "any"  # controller: the functions; node: the TPU VM (vLLM, node agent, startup)
+    limit: int = 50
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One log line as stored: untrusted text, to be sanitised before anyone reads it."""
+
+    time: datetime | None
+    severity: str
+    source: str
+    message: str
+    deployment_id: str | None = None
+
+
+class LogReader(Protocol):
+    """Cloud Logging (google-cloud-logging), or the local stack's JSON-lines files."""
+
+    def read(self, query: LogQuery) -> list[LogEntry]:
+        """Newest first, at most ``query.limit`` entries."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelChatRequest:
+    """One chat completion against a deployment's OpenAI-compatible endpoint (vLLM)."""
+
+    endpoint: str
+    messages: tuple[tuple[str, str], ...]  # (role, content)
+    max_tokens: int
+    temperature: float = 0.0
+    model: str | None = None  # None: the first model the endpoint lists
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ModelChat:
+    """What a streamed chat returned, timed by the client.
+
+    ``ttft_s`` runs from sending the request to the first chunk that carries content (the role chunk
+    does not count); token counts come from the server's ``usage``, never from counting chunks.
+    """
+
+    model: str
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_s: float | None
+    last_token_s: float | None
+    total_s: float
+    content_chunks: int
+
+
+@dataclass(frozen=True)
+class ModelEndpointCheck:
+    """A deep look at an endpoint: liveness, the served models, the server version, with latencies."""
+
+    health_status: int | None
+    health_ms: float | None
+    models: tuple[str, ...] = ()
+    max_model_len: int | None = None
+    models_ms: float | None = None
+    version: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+class ModelClient(Protocol):
+    """An OpenAI-compatible client for the deployed model. Errors are classified ``CloudError``s."""
+
+    def chat(self, request: ModelChatRequest) -> ModelChat: ...
+
+    def check(self, endpoint: str, api_key: str | None, timeout_s: float = 5.0) -> ModelEndpointCheck: ...
+
+
+class ServingProbe(Protocol):
+    """Looks at one vLLM server: ``/health``, ``/v1/models``, ``/version``, ``/metrics`` (parsed).
+
+    Never raises for network trouble: refused, timeout, 401 and 5xx come back as outcomes in the result.
+    Sends the API key it was built with to ``/v1/*`` only.
+    """
+
+    async def probe(self, base_url: str) -> ProbeResult: ...
