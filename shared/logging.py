@@ -84,7 +84,7 @@ class RedactingFilter(logging.Filter):
         record.args = None
         if record.exc_info:
             record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)))
-            record.exc_info = None
+
         elif record.exc_text:
             record.exc_text = redact(record.exc_text)
         for key, value in list(vars(record).items()):

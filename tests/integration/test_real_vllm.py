@@ -192,45 +192,52 @@ def test_a_load_burst_shows_up_in_the_next_sample(vllm_server: VllmSession, rig:
     assert slis["ttft_p50_s"] <= slis["ttft_p90_s"] <= slis["ttft_p99_s"] <= upper_edge(ttfts[-1])
 
 
+def _requests_running(base_url: str) -> bool:
+    text = httpx.get(base_url + "/metrics", timeout=5).text
+    return any(line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0") for line in text.splitlines())
+
+
 def test_a_frozen_engine_is_stalled_while_health_answers_200(vllm_server: VllmSession, rig: Rig) -> None:
-    rig.tick()
-    results: list[float] = []
+    # On a loaded 2-core machine the long requests can finish between "running" and SIGSTOP; then nothing is
+    # in flight while the engine is frozen and there is no stall to see. Such an attempt is retried, never judged.
+    for _attempt in range(3):
+        rig.tick()
+        results: list[float] = []
 
-    def long_request() -> None:
-        with httpx.Client(timeout=120.0) as client:
-            results.append(stream_completion(client, vllm_server.base_url, 400))
+        def long_request(sink: list[float] = results) -> None:
+            with httpx.Client(timeout=120.0) as client:
+                sink.append(stream_completion(client, vllm_server.base_url, 400))
 
-    threads = [threading.Thread(target=long_request) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        running = httpx.get(vllm_server.base_url + "/metrics", timeout=5).text
-        if any(
-            line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0") for line in running.splitlines()
-        ):
-            break
-        time.sleep(0.05)
-    engine = engine_core_pid(vllm_server)
-    os.kill(engine, signal.SIGSTOP)
-    try:
-        time.sleep(0.5)  # let outputs already in flight reach the API server
-        samples = []
-        for _ in range(3):
-            samples.append(rig.tick())
-            time.sleep(1.2)
-        assert [s.probe for s in samples] == ["ok", "ok", "ok"]  # /health kept answering 200
-        assert samples[-1].phase is Phase.STALLED, [s.detail for s in samples]
-        assert samples[-1].slis["running"] > 0
-        assert rig.phase() is Phase.STALLED
-    finally:
-        os.kill(engine, signal.SIGCONT)
+        threads = [threading.Thread(target=long_request) for _ in range(4)]
         for thread in threads:
-            thread.join(timeout=120)
-    assert len(results) == 3
-    recovered = rig.tick()
-    assert recovered.phase is Phase.SERVING
-    assert recovered.slis["generation_tokens_per_s"] > 0
+            thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _requests_running(vllm_server.base_url):
+            time.sleep(0.02)
+        engine = engine_core_pid(vllm_server)
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            time.sleep(0.5)  # let outputs already in flight reach the API server
+            if not _requests_running(vllm_server.base_url):
+                continue
+            samples = []
+            for _ in range(3):
+                samples.append(rig.tick())
+                time.sleep(1.2)
+            assert [s.probe for s in samples] == ["ok", "ok", "ok"]  # /health kept answering 200
+            assert samples[-1].phase is Phase.STALLED, [s.detail for s in samples]
+            assert samples[-1].slis["running"] > 0
+            assert rig.phase() is Phase.STALLED
+        finally:
+            os.kill(engine, signal.SIGCONT)
+            for thread in threads:
+                thread.join(timeout=120)
+        assert len(results) == 4
+        recovered = rig.tick()
+        assert recovered.phase is Phase.SERVING
+        assert recovered.slis["generation_tokens_per_s"] > 0
+        return
+    pytest.fail("three attempts in a row had no request in flight when the engine was frozen")
 
 
 def test_killing_the_server_is_down_and_a_restart_resets_counters_without_negative_rates(
