@@ -79,6 +79,20 @@ $(TINY_MODEL_DIR)/config.json: | $(VLLM_STAMP)
 vllm-tier:
 	@$(MAKE) --no-print-directory vllm-env tiny-model || echo "vllm-tier: real vLLM tier unavailable; tests marked vllm will skip"
 
+# The local cloud (localcloud/): the whole product on this machine, no Google Cloud account. `demo` runs one
+# deployment from capacity hunt to clean bill and prints a summary; `up` keeps the stack running for the MCP
+# gateway and the CLI (it prints the TPUCTL_* variables to export; Ctrl-C stops it). Extra flags: ARGS="...".
+.PHONY: demo up setup-local
+
+# The second set-up command of the README: the vLLM-on-CPU venv (cached in ~/.cache/tpuctl) and the tiny model.
+setup-local: vllm-env tiny-model
+
+demo: setup vllm-env tiny-model
+	$(PY) scripts/demo.py --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
+
+up: setup vllm-env tiny-model
+	$(PY) -m localcloud up --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
+
 # Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`.
 # `checkov-env` builds checkov in its own venv under $(TPUCTL_CACHE_DIR), keyed by the hash of its pin
 # file (tests/terraform/test_checkov.py skips and names this target when it is missing).

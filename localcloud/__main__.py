@@ -1,0 +1,109 @@
+"""``python -m localcloud up``: run the whole stack on this machine until Ctrl-C (or SIGTERM).
+
+It prints the ``TPUCTL_*`` variables that point the MCP gateway and the ``tpuctl`` CLI at the stack, then one
+line per deployment phase change. Ctrl-C stops everything it started and says whether anything survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from localcloud.progress import ProgressTracker
+from localcloud.runner import LocalCloud, LocalCloudOptions
+from localcloud.tpu_sim import ScenarioError, available_scenarios
+from localcloud.vllm_cpu import REPO_ROOT, default_cache_dir
+from shared.logging import configure_logging
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m localcloud", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="run the local cloud until Ctrl-C")
+    up.add_argument(
+        "--scenario",
+        default="scarce-v6e",
+        help=f"simulator scenario ({', '.join(available_scenarios())}) or a .yaml/.json path",
+    )
+    up.add_argument("--time-scale", type=float, default=60.0, help="virtual seconds per wall second (default 60)")
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="state, bus, secrets and logs (default: a new var/localcloud/run-<time> folder)",
+    )
+    up.add_argument("--sim-port", type=int, default=8471, help="the TPU simulator's loopback port (0 = any)")
+    up.add_argument("--cache-dir", type=Path, default=None, help="where `make vllm-env tiny-model` built the tier")
+    up.add_argument("--no-vllm", action="store_true", help="do not boot vLLM on READY nodes")
+    up.add_argument(
+        "--emulators", action="store_true", help="store and bus on the Firestore and Pub/Sub emulators (gcloud)"
+    )
+    up.add_argument("--seed", type=int, default=None, help="override the scenario's RNG seed")
+    up.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level).setLevel(args.log_level)  # the runner's own INFO lines go to its log file
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    data_dir = args.data_dir or REPO_ROOT / "var" / "localcloud" / f"run-{stamp}"
+    try:
+        options = LocalCloudOptions(
+            data_dir=data_dir,
+            scenario=args.scenario,
+            time_scale=args.time_scale,
+            cache_dir=args.cache_dir or default_cache_dir(),
+            sim_port=args.sim_port,
+            boot_nodes=not args.no_vllm,
+            emulators=args.emulators,
+            seed=args.seed,
+            log_level="INFO",
+        )
+        cloud = LocalCloud(options)
+    except (ScenarioError, ValueError) as exc:
+        print(f"localcloud: {exc}", file=sys.stderr)
+        return 2
+    stopping = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        cloud.start()
+    except (RuntimeError, OSError) as exc:
+        print(f"localcloud: could not start: {exc}", file=sys.stderr)
+        report = cloud.stop()
+        return 1 if not report.survivors else 3
+    print(f"local cloud up: scenario {cloud.scenario.name!r}, time x{args.time_scale:g}, data {cloud.data_dir}")
+    if cloud.node_runtime is None:
+        print("  nodes get no vLLM:", cloud.tier.unavailable_reason() or "--no-vllm")
+    print("point the gateway and the CLI at it with:\n")
+    for name, value in cloud.client_env().items():
+        print(f"  export {name}={value}")
+    print("\n  then e.g.  .venv/bin/tpuctl status   or   .venv/bin/python -m mcp_client_gateway (MCP over stdio)\n")
+    print("Ctrl-C stops the stack.", flush=True)
+    tracker = ProgressTracker(cloud.store, cloud.node_runtime)
+    while not stopping.wait(1.0):
+        for line in tracker.poll(cloud.world.now()):
+            print(line.render(), flush=True)
+    print("stopping...", flush=True)
+    report = cloud.stop()
+    if report.survivors:
+        print(f"localcloud: process groups still alive: {report.survivors}", file=sys.stderr)
+        return 3
+    print(f"stopped {report.stopped_groups} process group(s) in {report.wall_s:.1f} s; nothing left running")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.captureWarnings(True)
+    sys.exit(main())

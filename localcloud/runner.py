@@ -1,0 +1,687 @@
+"""The local cloud: the whole controller on one machine, with no Google Cloud account.
+
+What runs, and what it stands in for:
+
+=====================================  =============================================================
+here                                   on Google Cloud
+=====================================  =============================================================
+``tpu_sim`` World + SimServer          the Cloud TPU API (real REST wire format, virtual time)
+3 functions-framework HTTP servers     the ``provision``, ``monitor``, ``benchmark`` Cloud Functions
+LocalBus + push dispatchers            Pub/Sub topics and push subscriptions (filters, dead letters)
+SQLite store, 0600 file secrets        Firestore, Secret Manager
+the ticker (LocalScheduler.run_due)    Cloud Scheduler
+the node runtime                       the TPU VM: vLLM (real, on CPU) and the node agent
+=====================================  =============================================================
+
+The functions are the production entry points, unchanged, started as subprocesses on loopback ports; each
+subscription's dispatcher POSTs every delivery as a Pub/Sub push body to ``/projects/P/topics/T``, which
+functions-framework turns into the same CloudEvent Cloud Run delivers; a non-2xx answer is a nack (the bus
+redelivers with backoff, then dead-letters). Routes and filters mirror ``terraform/envs/default/main.tf``.
+
+Time: the scenario runs at ``time_scale`` virtual seconds per wall second (60 by default: a 40-minute capacity
+wait takes 40 s, a one-minute Scheduler tick fires every second). Every process follows the simulator's clock
+(``TPUCTL_CLOCK=simulator``), so ledgers, leases, cooldowns, bus timestamps and bills agree. Limits that guard
+wall-clock things (lease expiry after a crash, the age at which a command is stale, the bus's ack deadline and
+backoff) are scaled so they keep their wall-clock meaning.
+
+Shutdown (``stop()``, Ctrl-C or SIGTERM in the CLI) stops the ticker and dispatchers, the node processes and the
+functions, each by process group, then checks that no process it started survives.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
+from localcloud.node_runtime import NodeRuntime
+from localcloud.tpu_sim import SimServer, World, load_scenario
+from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port
+from shared.adapters.file_secrets import FileSecretStore
+from shared.adapters.local_bus import LocalBus
+from shared.adapters.local_scheduler import LocalScheduler
+from shared.adapters.sqlite_store import SqliteStateStore
+from shared.config import Settings
+from shared.logging import JsonFormatter, RedactingFilter, register_secret
+from shared.ports import CommandBus, Delivery, SchedulerJob, StateStore
+from shared.wiring import Runtime
+
+__all__ = ["FUNCTIONS", "ROUTES", "LocalCloud", "LocalCloudOptions", "Route", "StopReport"]
+
+log = logging.getLogger("tpuctl.localcloud")
+
+FUNCTIONS = ("provision", "monitor", "benchmark")
+TICKS_FILE = REPO_ROOT / "terraform" / "envs" / "default" / "ticks.json"
+# Scheduler jobs of ticks.json and their schedules (terraform variable tick_schedules). The reconcile job is
+# created, paused and resumed by the provisioner itself; the runner owns the other two, as Terraform does.
+RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
+NAME_PREFIX = "tpuctl"
+
+# Routing, as terraform/envs/default/main.tf builds it.
+BENCHMARK_COMMAND_FILTER = 'attributes.kind = "benchmark.run" OR attributes.kind = "benchmark.schedule"'
+PROVISION_COMMAND_FILTER = f"NOT ({BENCHMARK_COMMAND_FILTER})"
+MONITOR_TICK_FILTER = 'attributes.purpose = "monitor"'
+PROVISION_TICK_FILTER = f"NOT {MONITOR_TICK_FILTER}"
+MAX_DELIVERY_ATTEMPTS = 5
+
+_FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One push subscription: ``function`` receives ``topic`` (a logical topic) through ``filter``."""
+
+    function: str
+    trigger: str
+    topic: str
+    filter: str | None
+
+    @property
+    def subscription(self) -> str:
+        return f"{NAME_PREFIX}-{self.function}-{self.trigger.replace('_', '-')}"
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("provision", "commands", "commands", PROVISION_COMMAND_FILTER),
+    Route("provision", "ticks", "ticks", PROVISION_TICK_FILTER),
+    Route("monitor", "ticks", "ticks", MONITOR_TICK_FILTER),
+    Route("benchmark", "events", "events", None),
+    Route("benchmark", "commands", "commands", BENCHMARK_COMMAND_FILTER),
+)
+
+
+@dataclass(frozen=True)
+class LocalCloudOptions:
+    """How to run the local cloud; every field has a working default except the data folder."""
+
+    data_dir: Path
+    """SQLite store and bus, secrets, scheduler jobs, logs (``logs/``) and node folders (``nodes/``)."""
+    scenario: str = "scarce-v6e"
+    """A shipped simulator scenario or a .yaml/.json path."""
+    time_scale: float = 60.0
+    """Virtual seconds per wall second (> 0)."""
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    """Where ``make vllm-env tiny-model`` put the vLLM venv and the tiny model."""
+    sim_port: int = 0
+    """The simulator's loopback port (0 = any free port)."""
+    boot_nodes: bool = True
+    """Run a real vLLM for every READY node (False: nodes get an endpoint nobody answers on)."""
+    log_level: str = "INFO"
+    ticker_interval_s: float = 0.2
+    """How often (wall seconds) the ticker publishes the Scheduler jobs that fell due."""
+    seed: int | None = None
+    """Override the scenario's RNG seed."""
+    function_start_timeout_s: float = 90.0
+    emulators: bool = False
+    """Store and bus on the real Firestore and Pub/Sub emulators (google-cloud-cli) instead of SQLite files."""
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale: {self.time_scale!r} must be > 0 virtual seconds per wall second")
+        if self.ticker_interval_s <= 0:
+            raise ValueError(f"ticker_interval_s: {self.ticker_interval_s!r} must be positive")
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError(f"log_level: {self.log_level!r} (use DEBUG, INFO, WARNING or ERROR)")
+
+
+@dataclass
+class FunctionProcess:
+    """One function under functions-framework on a loopback port."""
+
+    name: str
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What ``stop()`` found: process groups still alive after the stop (must be empty)."""
+
+    survivors: tuple[int, ...]
+    stopped_groups: int
+    wall_s: float
+
+
+class PushRejected(RuntimeError):
+    """The function answered a push with a non-2xx status: a nack, as Pub/Sub push treats it."""
+
+
+class LocalCloud:
+    """Start with ``start()`` (or ``with LocalCloud(options) as cloud:``); ``stop()`` leaves nothing running."""
+
+    def __init__(self, options: LocalCloudOptions) -> None:
+        self.options = options
+        self.data_dir = options.data_dir.resolve()
+        self.log_dir = self.data_dir / "logs"
+        self.tier = VllmCpuTier(options.cache_dir)
+        scenario = load_scenario(options.scenario)
+        # Virtual time starts at the wall clock, so a client on the system clock is never "in the future".
+        start = datetime.now(UTC).replace(microsecond=0)
+        self.scenario = scenario.model_copy(update={"start_time": start})
+        self.world = World(self.scenario, time_scale=options.time_scale, seed=options.seed)
+        self.sim = SimServer(self.world, port=options.sim_port)
+        self.functions: dict[str, FunctionProcess] = {}
+        self.node_runtime: NodeRuntime | None = None
+        self.delivery_failures: list[str] = []
+        self.duplicate_active_seen: list[dict[str, Any]] = []
+        self._stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._stopped: StopReport | None = None
+        self._settings: Settings | None = None
+        self._bus: CommandBus | None = None
+        self._store: StateStore | None = None
+        self._runtime: Runtime | None = None
+        self.emulators: list[Emulator] = []
+        self._saved_environ: dict[str, str | None] = {}
+        self._log_handler: logging.Handler | None = None
+        self._clients: list[httpx.Client] = []
+        self._scheduler: LocalScheduler | None = None
+        self._secrets = FileSecretStore(self.data_dir / "secrets")
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> LocalCloud:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> LocalCloud:
+        """Simulator, store, bus, secrets, scheduler jobs, functions, dispatchers, ticker, node runtime."""
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_handler = logging.FileHandler(self.log_dir / "runner.jsonl", encoding="utf-8")
+        self._log_handler.addFilter(RedactingFilter())
+        self._log_handler.setFormatter(JsonFormatter())
+        log.addHandler(self._log_handler)
+        log.setLevel(logging.INFO)
+        if self.options.emulators:
+            self._start_emulators()
+        sim_url = self.sim.start()
+        limits = self._scaled_limits()
+        self._settings = Settings.model_validate(
+            {
+                "backend": "local",
+                "project": self.scenario.project,
+                "data_dir": self.data_dir,
+                "tpu_endpoint": sim_url,
+                "clock": "simulator",
+                "log_level": self.options.log_level,
+                "emulators": self.options.emulators,
+                **limits,
+            }
+        )
+        settings = self._settings
+        self._ensure_api_key()
+        clock = self.world.clock
+        scale = self.options.time_scale
+        if self.options.emulators:
+            self._runtime = Runtime(settings)  # Firestore and Pub/Sub through their adapters, on the emulators
+            self._store = self._runtime.store
+            self._bus = self._runtime.bus
+        else:
+            self._store = SqliteStateStore(self.data_dir / "state.sqlite")
+            # The dispatchers lease and nack on this bus: deadline and backoff keep their wall-clock lengths.
+            self._bus = LocalBus(
+                self.data_dir / "bus.sqlite",
+                ack_deadline_s=120.0 * scale,
+                backoff_min_s=0.5 * scale,
+                backoff_max_s=30.0 * scale,
+                clock=clock,
+            )
+        self._scheduler = LocalScheduler(self.data_dir / "scheduler.sqlite", clock=clock)
+        self._create_topology()
+        self._create_jobs()
+        for name in FUNCTIONS:
+            if (REPO_ROOT / "functions" / name / "main.py").is_file():
+                self.functions[name] = self._start_function(name)
+            else:
+                log.warning("functions/%s/main.py is missing: its subscriptions wait without a consumer", name)
+        for function in self.functions.values():
+            self._wait_listening(function)
+        if self.options.boot_nodes:
+            reason = self.tier.unavailable_reason()
+            if reason:
+                log.warning("nodes will not boot vLLM: %s", reason)
+            else:
+                self.node_runtime = NodeRuntime(
+                    self.world,
+                    self.tier,
+                    store=self._store,
+                    secrets=self._secrets,
+                    api_key_secret=settings.vllm_api_key_secret,
+                    project=self.scenario.project,
+                    work_dir=self.data_dir / "nodes",
+                    log_dir=self.log_dir,
+                    agent_env=self.client_env(),
+                )
+                self.node_runtime.attach()
+        for route in ROUTES:
+            target = self.functions.get(route.function)
+            if target is None:
+                continue
+            handler = self._push_handler(route, target)
+            if isinstance(self._bus, LocalBus):
+                served = self._bus.serve(
+                    route.subscription, handler, stop_event=self._stop_event, poll_interval_s=0.05, max_messages=1
+                )
+                self._threads.append(served)
+            else:
+                self._spawn(self._pull_loop(route.subscription, handler), f"dispatch-{route.subscription}")
+        self._spawn(self._tick_loop, "localcloud-ticker")
+        self._spawn(self._watch_active, "localcloud-active-watch")
+        log.info("local cloud up: simulator %s, data %s, time scale %g", sim_url, self.data_dir, scale)
+
+    def stop(self) -> StopReport:
+        """Stop everything this instance started; idempotent. The report lists any process group still alive."""
+        if self._stopped is not None:
+            return self._stopped
+        began = time.monotonic()
+        self._stop_event.set()
+        groups: list[int] = []
+        if self.node_runtime is not None:
+            self.node_runtime.close()
+            groups += self.node_runtime.process_groups()
+        for function in self.functions.values():
+            _stop_group(function.process)
+            groups.append(function.pid)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for client in self._clients:
+            client.close()
+        # LocalBus.serve threads end on the stop event; give an in-flight push a moment, then close the files.
+        time.sleep(0.2)
+        for closable in (self._bus, self._store, self._scheduler):
+            closer = getattr(closable, "close", None)
+            if callable(closer):
+                with contextlib.suppress(Exception):
+                    closer()
+        for emulator in self.emulators:
+            emulator.stop()
+            groups.append(emulator.pid)
+        for name, value in self._saved_environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self.sim.stop()
+        survivors = _surviving_groups(groups)
+        self._stopped = StopReport(tuple(survivors), len(groups), round(time.monotonic() - began, 2))
+        if survivors:
+            log.error("process groups still alive after stop: %s", survivors)
+        else:
+            log.info("stopped %d process group(s); nothing left running", len(groups))
+        if self._log_handler is not None:
+            log.removeHandler(self._log_handler)
+            self._log_handler.close()
+        return self._stopped
+
+    # ------------------------------------------------------------------ views for clients
+
+    @property
+    def settings(self) -> Settings:
+        """The settings every process of the stack runs with (also what a client should use)."""
+        if self._settings is None:
+            raise RuntimeError("LocalCloud: call start() first")
+        return self._settings
+
+    @property
+    def sim_url(self) -> str:
+        return self.sim.base_url
+
+    @property
+    def store(self) -> StateStore:
+        if self._store is None:
+            raise RuntimeError("LocalCloud: call start() first")
+        return self._store
+
+    @property
+    def bus(self) -> CommandBus:
+        if self._bus is None:
+            raise RuntimeError("LocalCloud: call start() first")
+        return self._bus
+
+    @property
+    def secrets(self) -> FileSecretStore:
+        return self._secrets
+
+    def client_env(self) -> dict[str, str]:
+        """``TPUCTL_*`` variables that point a gateway, the CLI or a node agent at this stack (no secrets)."""
+        settings = self.settings
+        return {
+            "TPUCTL_BACKEND": "local",
+            "TPUCTL_PROJECT": self.scenario.project,
+            "TPUCTL_DATA_DIR": str(self.data_dir),
+            "TPUCTL_TPU_ENDPOINT": self.sim_url,
+            "TPUCTL_CLOCK": "simulator",
+            "TPUCTL_LEASE_TTL_S": f"{settings.lease_ttl_s:.0f}",
+            "TPUCTL_MAX_EVENT_AGE_S": f"{settings.max_event_age_s:.0f}",
+            "TPUCTL_COMMAND_CLAIM_S": f"{settings.command_claim_s:.0f}",
+            "TPUCTL_LOG_LEVEL": settings.log_level,
+            **(
+                {"TPUCTL_EMULATORS": "true", **{e.kind.env_var: e.host_port for e in self.emulators}}
+                if self.emulators
+                else {}
+            ),
+        }
+
+    def process_groups(self) -> list[int]:
+        """Every process group started so far (functions, vLLM servers, node agents, emulators)."""
+        groups = [function.pid for function in self.functions.values()]
+        groups += [emulator.pid for emulator in self.emulators]
+        if self.node_runtime is not None:
+            groups += self.node_runtime.process_groups()
+        return groups
+
+    # ------------------------------------------------------------------ setup steps
+
+    def _scaled_limits(self) -> dict[str, float]:
+        """Limits that protect wall-clock things, stretched so they keep their wall-clock length."""
+        scale = self.options.time_scale
+        # The Pub/Sub emulator stamps publish times on the wall clock, which virtual time leaves behind.
+        stale_wall_s = 24 * 3600.0 if self.options.emulators else 600.0
+        return {
+            "lease_ttl_s": max(120.0, 30.0 * scale),  # a crashed reconciler's lease frees after 30 wall s
+            "max_event_age_s": max(3600.0, stale_wall_s * scale),  # a command is stale after 10 wall min
+            "command_claim_s": max(600.0, 60.0 * scale),  # a stuck first delivery is taken over after 1 wall min
+        }
+
+    def _start_emulators(self) -> None:
+        """Both emulators, or a RuntimeError saying what is missing; their hosts go into this process too."""
+        found = {kind: find_emulator(kind) for kind in EMULATORS}
+        missing = [reason for reason in found.values() if isinstance(reason, str)]
+        if missing:
+            raise RuntimeError("--emulators: " + "; ".join(missing))
+        for kind, launcher in found.items():
+            assert isinstance(launcher, Path)
+            self.emulators.append(start_emulator(kind, launcher, self.data_dir / "emulators"))
+        for emulator in self.emulators:
+            # The google-cloud clients of this process (the runner's store and bus, an in-process gateway) read it.
+            self._saved_environ[emulator.kind.env_var] = os.environ.get(emulator.kind.env_var)
+            os.environ[emulator.kind.env_var] = emulator.host_port
+
+    def _ensure_api_key(self) -> None:
+        """The vLLM API key: made once per data folder, kept in the 0600 secret store, registered for redaction."""
+        name = self.settings.vllm_api_key_secret
+        key = self._secrets.get(name)
+        if key is None:
+            key = "tpk-" + secrets.token_urlsafe(32)
+            self._secrets.put(name, key)
+        register_secret(key)
+
+    def _create_topology(self) -> None:
+        bus = self.bus
+        settings = self.settings
+        names = {
+            "commands": settings.topic_commands,
+            "ticks": settings.topic_ticks,
+            "events": settings.topic_events,
+            "node-tasks": settings.topic_node_tasks,
+        }
+        for topic in names.values():
+            bus.ensure_topic(topic)
+            dead = f"{topic}-dead-letter"
+            bus.ensure_topic(dead)
+            bus.ensure_subscription(dead, f"{dead}-sub")  # a dead-letter topic somebody reads
+        for route in ROUTES:
+            bus.ensure_subscription(
+                names[route.topic],
+                route.subscription,
+                filter=route.filter,
+                dead_letter_topic=f"{names[route.topic]}-dead-letter",
+                max_delivery_attempts=MAX_DELIVERY_ATTEMPTS,
+            )
+
+    def _topic_name(self, logical: str) -> str:
+        settings = self.settings
+        return {
+            "commands": settings.topic_commands,
+            "ticks": settings.topic_ticks,
+            "events": settings.topic_events,
+            "node-tasks": settings.topic_node_tasks,
+        }[logical]
+
+    def _create_jobs(self) -> None:
+        """The monitor and janitor Scheduler jobs, with the bodies Terraform gives them (ticks.json)."""
+        ticks = json.loads(TICKS_FILE.read_text(encoding="utf-8"))
+        scheduler = self._scheduler
+        assert scheduler is not None
+        for key, schedule in RUNNER_JOBS.items():
+            entry = ticks[key]
+            message = entry["message"]
+            attributes = {
+                "kind": str(message["kind"]),
+                "schema_version": str(message["schema_version"]),
+                "command_id": str(message["command_id"]),
+                "purpose": str(message["purpose"]),
+            }
+            scheduler.upsert_job(
+                SchedulerJob(
+                    name=str(entry["job"]),
+                    schedule=schedule,
+                    topic=self.settings.topic_ticks,
+                    data=json.dumps(message, separators=(",", ":")).encode(),
+                    attributes=attributes,
+                )
+            )
+
+    def _function_env(self) -> dict[str, str]:
+        env = {name: os.environ[name] for name in _FUNCTION_ENV if name in os.environ}
+        env.update(self.client_env())
+        env.update(
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=str(REPO_ROOT),
+            WORKERS="1",
+            THREADS="1",  # one request at a time per instance, as Cloud Functions' default concurrency
+            GUNICORN_LOG_LEVEL="warning",
+        )
+        return env
+
+    def _start_function(self, name: str) -> FunctionProcess:
+        port = free_loopback_port()
+        log_path = self.log_dir / f"{name}.jsonl"
+        argv = [
+            sys.executable,
+            "-m",
+            "functions_framework",
+            f"--target={name}",
+            f"--source={REPO_ROOT / 'functions' / name / 'main.py'}",
+            "--signature-type=cloudevent",
+            "--host=127.0.0.1",
+            f"--port={port}",
+        ]
+        with log_path.open("ab") as sink:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=self._function_env(),
+                cwd=str(REPO_ROOT),
+                start_new_session=True,  # gunicorn runs a parent and a worker: stop them as one group
+            )
+        return FunctionProcess(name=name, port=port, log_path=log_path, process=process)
+
+    def _wait_listening(self, function: FunctionProcess) -> None:
+        deadline = time.monotonic() + self.options.function_start_timeout_s
+        while time.monotonic() < deadline:
+            if function.process.poll() is not None:
+                raise RuntimeError(
+                    f"function {function.name} exited with {function.process.returncode} at start; "
+                    f"log {function.log_path}:\n{_tail(function.log_path)}"
+                )
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex(("127.0.0.1", function.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"function {function.name} did not listen on port {function.port} within "
+            f"{self.options.function_start_timeout_s:.0f} s; log {function.log_path}:\n{_tail(function.log_path)}"
+        )
+
+    # ------------------------------------------------------------------ running parts
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _push_handler(self, route: Route, function: FunctionProcess) -> Callable[[Delivery], None]:
+        """POST a delivery as Pub/Sub push does; any non-2xx answer (or no answer) raises: a nack."""
+        project = self.scenario.project
+        topic = self._topic_name(route.topic)
+        url = f"{function.url}/projects/{project}/topics/{topic}"
+        client = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0))
+        self._clients.append(client)
+
+        def push(delivery: Delivery) -> None:
+            published = delivery.publish_time or self.world.clock.now()
+            body = {
+                "message": {
+                    "data": base64.b64encode(delivery.data).decode("ascii"),
+                    "attributes": dict(delivery.attributes),
+                    "messageId": delivery.message_id,
+                    "publishTime": published.isoformat().replace("+00:00", "Z"),
+                },
+                "subscription": f"projects/{project}/subscriptions/{delivery.subscription}",
+                "deliveryAttempt": delivery.attempt,
+            }
+            try:
+                response = client.post(url, json=body, headers={"User-Agent": "tpuctl-localcloud-push"})
+            except httpx.HTTPError as exc:
+                self._note_failure(f"{route.subscription}: {type(exc).__name__}")
+                raise PushRejected(f"{route.function} did not answer ({type(exc).__name__})") from None
+            if not 200 <= response.status_code < 300:
+                self._note_failure(f"{route.subscription}: HTTP {response.status_code}")
+                raise PushRejected(f"{route.function} answered HTTP {response.status_code}: a nack")
+
+        return push
+
+    def _note_failure(self, text: str) -> None:
+        with self._lock:
+            self.delivery_failures.append(text)
+            del self.delivery_failures[:-200]
+
+    def _pull_loop(self, subscription: str, handler: Callable[[Delivery], None]) -> Callable[[], None]:
+        """Push delivery over a pulling bus (the Pub/Sub emulator): pull one message at a time, hand it on."""
+        bus = self.bus
+
+        def loop() -> None:
+            while not self._stop_event.is_set():
+                try:
+                    bus.pull(subscription, handler, max_messages=1, timeout_s=0.5)
+                except Exception:  # the emulator going away at shutdown, or a transient error: try again
+                    if self._stop_event.wait(0.5):
+                        return
+                    log.warning("pull from %s failed; retrying", subscription, exc_info=True)
+
+        return loop
+
+    def _tick_loop(self) -> None:
+        """Cloud Scheduler's stand-in: publish every job that fell due, a few times per wall second."""
+        scheduler, bus = self._scheduler, self._bus
+        assert scheduler is not None and bus is not None
+        while not self._stop_event.wait(self.options.ticker_interval_s):
+            try:
+                scheduler.run_due(bus)
+            except Exception:  # a locked database or a closed bus at shutdown: try again next round
+                if self._stop_event.is_set():
+                    return
+                log.exception("ticker round failed")
+
+    def _watch_active(self) -> None:
+        """Sample the simulator for two ACTIVE slices of one deployment (the invariant the tests assert)."""
+        while not self._stop_event.wait(0.5):
+            try:
+                duplicates = self.world.invariants(None)["duplicate_active"]
+            except Exception:  # the world is being torn down
+                return
+            if duplicates:
+                with self._lock:
+                    self.duplicate_active_seen.append({"time": self.world.now().isoformat(), **duplicates})
+
+
+def _stop_group(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _surviving_groups(groups: list[int], grace_s: float = 3.0) -> list[int]:
+    """Process groups with a member still alive after ``grace_s`` (orphans are reaped by init meanwhile)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = [group for group in groups if _group_alive(group)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _group_alive(group: int) -> bool:
+    """A member of the group still runs (zombies waiting for init to reap them do not count)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"
