@@ -405,7 +405,6 @@ def _read_key(path: Path | None) -> str | None:
 
 def main() -> int:
     """Entry point of ``python -m shared.bench.node_agent``."""
-    from shared.adapters.clock import SystemClock
     from shared.bench.datasets import find_tokenizer_file
     from shared.config import get_settings
     from shared.logging import configure_logging, register_secret
@@ -430,7 +429,7 @@ def main() -> int:
             Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=api_key),
             tokenizer_file=tokenizer,
         ),
-        clock=SystemClock(),
+        clock=runtime.clock,  # the simulator's virtual time in the local cloud, wall time on a VM
         node_tasks_topic=runtime.topic("node-tasks"),
         events_topic=runtime.topic("events"),
         system=lambda: system_info(environ=os.environ, disk_paths=(Path("/"), journal_dir)),
