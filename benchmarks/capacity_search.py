@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -116,9 +116,9 @@ class RunResult:
 # ---------------------------------------------------------------------------------------------- worlds
 
 
-def seeded_world(plan: ScenarioPlan, seed: int) -> World:
-    """The shipped scenario with this run's seed and capacity timelines jittered x0.5-1.5."""
-    data = load_scenario(plan.name).model_dump(mode="json")
+def seeded_world(plan: ScenarioPlan, seed: int, *, source: Any = None) -> World:
+    """The shipped scenario (or ``source``, a scenario file) with this run's seed and timelines jittered x0.5-1.5."""
+    data = load_scenario(source if source is not None else plan.name).model_dump(mode="json")
     rng = random.Random(seed * 1_000_003 + len(plan.name))
     for zone in data["zones"].values():
         for pools in zone.get("capacity", {}).values():
@@ -435,31 +435,39 @@ class SkyPilot(Policy):
 # ------------------------------------------------------------------------------------------------ runs
 
 
-def _became_active_s(world: World, name: str, now_s: float) -> float:
+def became_active_s(world: World, name: str, now_s: float, kinds: tuple[str, ...] = ("qr.active",)) -> float:
     """When the provider turned the slice ACTIVE (the policy may notice later), in seconds from the start."""
     start = world.scenario.start_time.timestamp()
-    times = [e["time"] for e in world.events() if e["kind"] == "qr.active" and e["resource"] == name]
+    times = [e["time"] for e in world.events() if e["kind"] in kinds and e["resource"] == name]
     if not times:
         return now_s
     return datetime.fromisoformat(times[-1].replace("Z", "+00:00")).timestamp() - start
 
 
-def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> RunResult:
-    started = time.perf_counter()
-    world = seeded_world(plan, seed)
-    tpu = WorldTpuApi(world)
-    policy: Policy
-    if policy_name == "ours":
-        policy = Ours(plan, world, tpu, folder)
-    elif policy_name == "ours-no-check":
-        policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
-    elif policy_name == "ours-hedge4":
-        policy = Ours(plan, world, tpu, folder, hedge=4)
-    elif policy_name == "sequential":
-        policy = Sequential(plan, world, tpu)
-    else:
-        policy = SkyPilot(plan, world, tpu)
-    result = RunResult(policy_name, plan.name, seed)
+class CountsCalls(Protocol):
+    """An adapter that counts the API calls it made (``WorldTpuApi``, the back-end benchmark's ``PinnedTpu``)."""
+
+    @property
+    def total_calls(self) -> int: ...
+
+
+def drive(
+    policy: Policy,
+    world: World,
+    tpu: CountsCalls,
+    result: RunResult,
+    *,
+    is_up: Callable[[str, str], bool],
+    active_kinds: tuple[str, ...] = ("qr.active",),
+    orphan_kinds: tuple[str, ...] = ("queued_resource",),
+    after_step: Callable[[], None] = lambda: None,
+    on_first_serving: Callable[[str, str], None] = lambda zone, name: None,
+) -> None:
+    """Run ``policy`` in ``world`` until it has served ``SERVE_S`` (or the horizon passes) and fill ``result``.
+
+    The back-end benchmark reuses this with its own ``is_up``, event kinds, orphan kinds and hooks.
+    """
+    plan = policy.plan
     now_s = 0.0
     end_s = plan.horizon_s
     window_start: float | None = None
@@ -467,14 +475,16 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     while now_s < end_s:
         if policy.next_s <= now_s:
             policy.step(now_s)
+            after_step()
         serving = policy.serving()
-        up = serving is not None and world.qr_state(serving[0], serving[1]) == "ACTIVE"
+        up = serving is not None and is_up(serving[0], serving[1])
         if serving is not None and result.time_to_active_s is None:
-            result.time_to_active_s = _became_active_s(world, serving[1], now_s)
+            result.time_to_active_s = became_active_s(world, serving[1], now_s, active_kinds)
             result.time_to_known_s = now_s
             result.api_calls_to_active = tpu.total_calls
             window_start = now_s
             end_s = now_s + SERVE_S
+            on_first_serving(serving[0], serving[1])
         if window_start is not None:
             if not up and down_since is None:
                 down_since = now_s
@@ -501,9 +511,28 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     tracked = policy.tracked()
     invariants = world.invariants(live_deployments=[])
     result.orphans = sum(
-        1 for item in invariants["orphans"] if item["kind"] == "queued_resource" and item["name"] not in tracked
+        1 for item in invariants["orphans"] if item["kind"] in orphan_kinds and item["name"] not in tracked
     )
     result.window_s = (end_s - window_start) if window_start is not None else 0.0
+
+
+def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> RunResult:
+    started = time.perf_counter()
+    world = seeded_world(plan, seed)
+    tpu = WorldTpuApi(world)
+    policy: Policy
+    if policy_name == "ours":
+        policy = Ours(plan, world, tpu, folder)
+    elif policy_name == "ours-no-check":
+        policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
+    elif policy_name == "ours-hedge4":
+        policy = Ours(plan, world, tpu, folder, hedge=4)
+    elif policy_name == "sequential":
+        policy = Sequential(plan, world, tpu)
+    else:
+        policy = SkyPilot(plan, world, tpu)
+    result = RunResult(policy_name, plan.name, seed)
+    drive(policy, world, tpu, result, is_up=lambda zone, name: world.qr_state(zone, name) == "ACTIVE")
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -26,17 +26,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
-import random
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,8 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capacity_search import (
     DEPLOYMENT,
     PLANS,
-    SAMPLE_S,
-    SERVE_S,
     Ours,
     Policy,
     RunResult,
@@ -53,11 +47,13 @@ from capacity_search import (
     Sequential,
     SkyPilot,
     Summary,
+    drive,
     markdown,
+    seeded_world,
     summarise,
 )
 
-from localcloud.tpu_sim import World, load_scenario
+from localcloud.tpu_sim import World
 from localcloud.world_compute import WorldComputeTpu
 from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.multi_backend_tpu import MultiBackendTpu
@@ -124,21 +120,6 @@ class PinnedTpu:
         self.router.close()
 
 
-def seeded_world(plan: ScenarioPlan, seed: int) -> World:
-    """The scenario with this run's seed and capacity timelines jittered x0.5-1.5 (as capacity_search.py)."""
-    source: Any = MIXED if plan.name == "mixed-backends" else plan.name
-    data = load_scenario(source).model_dump(mode="json")
-    rng = random.Random(seed * 1_000_003 + len(plan.name))
-    for zone in data["zones"].values():
-        for pools in zone.get("capacity", {}).values():
-            for pool in pools.values():
-                for step in pool.get("timeline", []):
-                    step["at_s"] = round(step["at_s"] * rng.uniform(0.5, 1.5), 1)
-    data["seed"] = seed
-    data["faults"] = []
-    return World(copy.deepcopy(data))
-
-
 def _is_up(world: World, zone: str, name: str) -> bool:
     return world.qr_state(zone, name) == "ACTIVE" or world.compute.status(zone, name) == "RUNNING"
 
@@ -147,15 +128,6 @@ def _active_count(world: World) -> int:
     """How many slices of the deployment are ACTIVE at once, when more than one (else 0)."""
     report = world.invariants(live_deployments=[DEPLOYMENT])
     return max((len(names) for names in report["duplicate_active"].values()), default=0)
-
-
-def _became_active_s(world: World, name: str, now_s: float) -> float:
-    start = world.scenario.start_time.timestamp()
-    kinds = ("qr.active", "instance.running")
-    times = [e["time"] for e in world.events() if e["kind"] in kinds and e["resource"] == name]
-    if not times:
-        return now_s
-    return datetime.fromisoformat(times[-1].replace("Z", "+00:00")).timestamp() - start
 
 
 @dataclass
@@ -169,7 +141,7 @@ class BackendRun:
 
 def run_one(policy_name: str, backend: Backend, plan: ScenarioPlan, seed: int, folder: Path) -> BackendRun:
     started = time.perf_counter()
-    world = seeded_world(plan, seed)
+    world = seeded_world(plan, seed, source=MIXED if plan.name == "mixed-backends" else None)
     tpu = PinnedTpu(world, backend)
     policy: Policy
     if policy_name == "ours":
@@ -180,57 +152,26 @@ def run_one(policy_name: str, backend: Backend, plan: ScenarioPlan, seed: int, f
     else:
         policy = SkyPilot(plan, world, tpu)  # type: ignore[arg-type]
     run = BackendRun(RunResult(f"{policy_name}/{backend.value}", plan.name, seed), backend)
-    result = run.result
-    now_s = 0.0
-    end_s = plan.horizon_s
-    window_start: float | None = None
-    down_since: float | None = None
-    while now_s < end_s:
-        if policy.next_s <= now_s:
-            policy.step(now_s)
-            run.most_active = max(run.most_active, _active_count(world))
-        serving = policy.serving()
-        up = serving is not None and _is_up(world, serving[0], serving[1])
-        if serving is not None and result.time_to_active_s is None:
-            result.time_to_active_s = _became_active_s(world, serving[1], now_s)
-            result.time_to_known_s = now_s
-            result.api_calls_to_active = tpu.total_calls
-            window_start = now_s
-            end_s = now_s + SERVE_S
-            run.won = "compute-engine" if world.compute.status(serving[0], serving[1]) else "tpu-api"
-        if window_start is not None:
-            if not up and down_since is None:
-                down_since = now_s
-            elif up and down_since is not None:
-                result.recoveries_s.append(now_s - down_since)
-                down_since = None
-        wake = min(policy.next_s, now_s + SAMPLE_S, end_s)
-        dt = max(wake - now_s, 1e-6)
-        if up and serving is not None:
-            zone, _name, tier = serving
-            result.used_chip_hours += CHIPS * dt / 3600
-            result.used_usd += CHIPS * dt / 3600 * world.scenario.price(zone.rsplit("-", 1)[0], tier.value)
-            result.serving_s += dt
-        world.advance(dt)
-        now_s += dt
-    if down_since is not None:
-        result.recoveries_s.append(end_s - down_since)
-        result.unrecovered += 1
-    policy.finish()
-    billing = world.billing()
-    result.billed_chip_hours = billing["total_chip_hours"]
-    result.billed_usd = billing["total_usd"]
-    result.api_calls = tpu.total_calls
-    tracked = policy.tracked()
-    invariants = world.invariants(live_deployments=[])
-    result.orphans = sum(
-        1
-        for item in invariants["orphans"]
-        if item["kind"] in ("queued_resource", "instance") and item["name"] not in tracked
+
+    def note_active() -> None:
+        run.most_active = max(run.most_active, _active_count(world))
+
+    def note_winner(zone: str, name: str) -> None:
+        run.won = "compute-engine" if world.compute.status(zone, name) else "tpu-api"
+
+    drive(
+        policy,
+        world,
+        tpu,
+        run.result,
+        is_up=lambda zone, name: _is_up(world, zone, name),
+        active_kinds=("qr.active", "instance.running"),
+        orphan_kinds=("queued_resource", "instance"),
+        after_step=note_active,
+        on_first_serving=note_winner,
     )
     run.ended_with_two = _active_count(world) > 1
-    result.window_s = (end_s - window_start) if window_start is not None else 0.0
-    result.wall_s = time.perf_counter() - started
+    run.result.wall_s = time.perf_counter() - started
     tpu.close()
     return run
 

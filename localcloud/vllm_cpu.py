@@ -32,6 +32,7 @@ __all__ = [
     "REPO_ROOT",
     "VllmCpuTier",
     "VllmProcess",
+    "child_env",
     "default_cache_dir",
     "free_loopback_port",
     "health_ok",
@@ -83,11 +84,24 @@ class VllmCpuTier:
         return self.venv / "bin" / "python"
 
     @property
+    def vllm_cli(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
+    @property
     def model_dir(self) -> Path:
         return self.cache_dir / f"tiny-llama-{_short_hash(MODEL_SCRIPT)}"
 
     def unavailable_reason(self) -> str | None:
         """None when a server can start here; otherwise what is missing and the command that builds it."""
+        reason = self.venv_unavailable_reason()
+        if reason:
+            return reason
+        if not (self.model_dir / "config.json").is_file():
+            return f"the tiny model is not built at {self.model_dir} (run `make tiny-model`)"
+        return None
+
+    def venv_unavailable_reason(self) -> str | None:
+        """Like :meth:`unavailable_reason` but for the venv alone (a caller may bring its own model)."""
         if sys.platform != "linux":
             return f"the vLLM CPU tier runs on Linux only (this is {sys.platform})"
         stamp = self.venv / f".installed-{_short_hash(PIN_FILE)}"
@@ -98,8 +112,8 @@ class VllmCpuTier:
             )
         if not any(self.venv.glob("lib/python3.11/site-packages/torch/__init__.py")):
             return f"torch is missing from {self.venv}: rebuild with `rm -rf {self.venv} && make vllm-env`"
-        if not (self.model_dir / "config.json").is_file():
-            return f"the tiny model is not built at {self.model_dir} (run `make tiny-model`)"
+        if not self.vllm_cli.is_file():
+            return f"{self.vllm_cli} is missing: rebuild with `rm -rf {self.venv} && make vllm-env`"
         return None
 
 
@@ -159,6 +173,12 @@ class VllmProcess:
             os.killpg(self._process.pid, signal.SIGKILL)
         return self._process.returncode
 
+    def kill(self, timeout_s: float = 30.0) -> int:
+        """SIGKILL the whole process group at once: a crash, as a monitor would see one."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        return self._process.wait(timeout=timeout_s)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -170,21 +190,25 @@ def start_vllm(
     tier: VllmCpuTier,
     *,
     port: int,
-    api_key_file: Path,
+    api_key_file: Path | None,
     log_path: Path,
     served_model_name: str,
     model_dir: Path | None = None,
     max_model_len: int = 512,
     kv_cache_space_gib: int = 1,
     extra_args: tuple[str, ...] = (),
+    engine_in_subprocess: bool = False,
 ) -> VllmProcess:
     """Spawn ``vllm serve`` on 127.0.0.1:``port`` and return at once (watch ``healthy()``).
+
+    ``api_key_file`` None (given explicitly) serves ``/v1/*`` without a key: only tests of the probe want that.
+    ``engine_in_subprocess`` runs the engine core in its own process, production's layout (slower to start).
 
     Raises:
         RuntimeError: the tier is not built here (the message says which ``make`` target builds it).
         ValueError: a bad argument (the message names it).
     """
-    reason = tier.unavailable_reason()
+    reason = tier.venv_unavailable_reason()
     if reason:
         raise RuntimeError(reason)
     model = model_dir or tier.model_dir
@@ -195,10 +219,11 @@ def start_vllm(
     if not 1 <= max_model_len <= 4096:
         raise ValueError(f"max_model_len: {max_model_len} must be 1-4096 on CPU (the tiny model knows 2048)")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    launcher = (
+        [str(tier.vllm_cli)] if api_key_file is None else [str(tier.python), str(KEYFILE_ENTRY), str(api_key_file)]
+    )
     argv = [
-        str(tier.python),
-        str(KEYFILE_ENTRY),
-        str(api_key_file),
+        *launcher,
         "serve",
         str(model),
         "--served-model-name",
@@ -212,20 +237,13 @@ def start_vllm(
         "--dtype",
         "bfloat16",
         "--enforce-eager",
-        "--distributed-executor-backend",
-        "uni",
+        *(() if engine_in_subprocess else ("--distributed-executor-backend", "uni")),
         *extra_args,
     ]
-    env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
+    env = child_env(
         VLLM_CPU_KVCACHE_SPACE=str(kv_cache_space_gib),
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # engine in the API server's process: 2 processes, fast start
+        # 0 keeps the engine in the API server's process (2 processes, fast start); 1 is production's layout
+        VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_in_subprocess else "0",
     )
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -244,6 +262,21 @@ def start_vllm(
         started_at=time.monotonic(),
         _process=process,
     )
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process run by the vLLM venv: a few of ours, offline, no telemetry, plus ``extra``."""
+    env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
 
 
 def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:

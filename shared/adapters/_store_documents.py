@@ -14,6 +14,9 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel
 
+from shared.domain.errors import ConflictError
+from shared.domain.models import DeploymentRecord
+
 __all__ = [
     "COMMAND_STATUSES",
     "EPOCH",
@@ -26,6 +29,7 @@ __all__ = [
     "check_samples",
     "from_document",
     "micros",
+    "next_deployment_version",
     "to_document",
 ]
 
@@ -118,3 +122,24 @@ def check_samples(count: int) -> None:
 def micros(value: datetime) -> int:
     """Microseconds since the epoch: an exact, sortable integer for SQLite columns."""
     return (check_aware("datetime", value) - EPOCH) // timedelta(microseconds=1)
+
+
+def next_deployment_version(
+    record: DeploymentRecord, *, expected_version: int | None, current: int | None
+) -> DeploymentRecord:
+    """The compare-and-set rule of ``put_deployment``, checked against the stored ``current`` version.
+
+    ``expected_version=None`` creates (the record must not exist); otherwise it must match ``current``. Returns the
+    record as it will be stored, with the next version.
+    """
+    if expected_version is None and current is not None:
+        raise ConflictError(
+            f"deployment {record.deployment_id!r} already exists (version {current}); "
+            "read it and update with expected_version"
+        )
+    if expected_version is not None and current != expected_version:
+        found = "does not exist" if current is None else f"is at version {current}"
+        raise ConflictError(
+            f"deployment {record.deployment_id!r} {found}, expected version {expected_version}; re-read and try again"
+        )
+    return as_stored(record.model_copy(update={"version": (current or 0) + 1}))

