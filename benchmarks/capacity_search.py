@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -157,7 +158,7 @@ def _request(name: str, zone: str, tier: Tier) -> ProvisionRequest:
 # -------------------------------------------------------------------------------------------- policies
 
 
-class Policy:
+class Policy(ABC):
     """One capacity-search policy: ``step(now_s)`` when due; ``serving()`` names the slice it serves from."""
 
     name = ""
@@ -169,18 +170,20 @@ class Policy:
         self.spec = _spec(plan, world)
         self.next_s = 0.0
 
+    @abstractmethod
     def step(self, now_s: float) -> None:
-        raise NotImplementedError
+        """Implemented by each policy."""
 
+    @abstractmethod
     def serving(self) -> tuple[str, str, Tier] | None:
-        raise NotImplementedError
+        """Implemented by each policy."""
 
     def tracked(self) -> set[str]:
         """Names of the requests the policy still knows about (everything else left in the world is an orphan)."""
         serving = self.serving()
         return {serving[1]} if serving else set()
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027 - a hook most policies leave empty
         """End of the run (ours: one more janitor tick)."""
 
 

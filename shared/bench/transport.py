@@ -26,6 +26,7 @@ import ssl
 import struct
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -81,7 +82,7 @@ def receive_time(ancillary: list[tuple[int, int, bytes]]) -> float:
     return now
 
 
-class _Connection:
+class _Connection(ABC):
     """What a response reads from: a buffer, EOF and error flags, the receipt time of the last read, a waiter."""
 
     def __init__(self) -> None:
@@ -120,14 +121,17 @@ class _Connection:
             self.waiter = None
 
     @property
+    @abstractmethod
     def usable(self) -> bool:
-        raise NotImplementedError
+        """True while the connection can take another request."""
 
+    @abstractmethod
     def write(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Implemented by each connection."""
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Implemented by each connection."""
 
 
 class _KernelStampedConnection(_Connection):

