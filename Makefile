@@ -31,14 +31,20 @@ importlint: setup
 pytest: setup vllm-tier test-tools
 	$(PY) -m pytest
 
-# Tools some tests need beside the venv: shellcheck (Debian package) for rendered startup scripts, and checkov
-# in its own cached venv for the Terraform policy scan.
+# Tools some tests need beside the venv: shellcheck (Debian package) for rendered startup scripts, checkov
+# in its own cached venv for the Terraform policy scan, and hclfmt (built from Debian's Go sources) for
+# the Terraform format checks.
 .PHONY: test-tools
 test-tools: setup
 	@command -v shellcheck >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; \
 	  else echo "test-tools: shellcheck missing and not root; its tests will skip"; fi; }
 	@$(MAKE) --no-print-directory checkov-env
+	@test -x .tools/hclfmt || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go golang-github-hashicorp-hcl-v2-dev >/dev/null \
+	  || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go \
+	       golang-github-hashicorp-hcl-v2-dev >/dev/null; }; fi; \
+	  $(MAKE) --no-print-directory hclfmt || echo "test-tools: hclfmt unavailable; Terraform format checks will skip"; }
 
 test: lint typecheck importlint pytest
 
