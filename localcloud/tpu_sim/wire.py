@@ -9,7 +9,6 @@ from typing import Any
 __all__ = [
     "ACCELERATOR_CONFIG_TYPES",
     "HTTP_STATUS_NAMES",
-    "RPC_CODE_NAMES",
     "SimApiError",
     "family_of_quota",
     "format_duration",
@@ -21,24 +20,6 @@ __all__ = [
     "topology_of",
 ]
 
-RPC_CODE_NAMES = {
-    1: "CANCELLED",
-    2: "UNKNOWN",
-    3: "INVALID_ARGUMENT",
-    4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND",
-    6: "ALREADY_EXISTS",
-    7: "PERMISSION_DENIED",
-    8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION",
-    10: "ABORTED",
-    11: "OUT_OF_RANGE",
-    12: "UNIMPLEMENTED",
-    13: "INTERNAL",
-    14: "UNAVAILABLE",
-    15: "DATA_LOSS",
-    16: "UNAUTHENTICATED",
-}
 
 HTTP_STATUS_NAMES = {
     400: "INVALID_ARGUMENT",

@@ -43,7 +43,7 @@ from google.longrunning import operations_pb2
 from google.protobuf import duration_pb2, json_format
 
 from shared.domain.cloud import LABEL_MANAGED_BY, ObservedResource, OperationStatus, ProvisionRequest
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.errors import RPC_CODE_NAMES, CloudError, ErrorClass
 from shared.domain.models import NodeState, QueuedResourceState, Tier
 
 __all__ = [
@@ -111,25 +111,6 @@ _BARE_NODE_AS_QR: Mapping[NodeState, QueuedResourceState] = {
 
 # ---------------------------------------------------------------------------------------------- errors
 
-_RPC_NAMES = {
-    0: "OK",
-    1: "CANCELLED",
-    2: "UNKNOWN",
-    3: "INVALID_ARGUMENT",
-    4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND",
-    6: "ALREADY_EXISTS",
-    7: "PERMISSION_DENIED",
-    8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION",
-    10: "ABORTED",
-    11: "OUT_OF_RANGE",
-    12: "UNIMPLEMENTED",
-    13: "INTERNAL",
-    14: "UNAVAILABLE",
-    15: "DATA_LOSS",
-    16: "UNAUTHENTICATED",
-}
 
 _HTTP_TO_STATUS = {
     400: "INVALID_ARGUMENT",
@@ -295,7 +276,7 @@ def cloud_error_from_status(status: Mapping[str, Any], *, verb: str | None = Non
     code = int(status.get("code", 2) or 2)
     details = [item for item in status.get("details", ()) if isinstance(item, Mapping)]
     return classify_tpu_error(
-        _RPC_NAMES.get(code, "UNKNOWN"),
+        RPC_CODE_NAMES.get(code, "UNKNOWN"),
         str(status.get("message", "")),
         details,
         surfaced="operation",

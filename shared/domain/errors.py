@@ -21,6 +21,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
+    "RPC_CODE_NAMES",
     "CloudError",
     "ConflictError",
     "ControllerError",
@@ -32,6 +33,28 @@ __all__ = [
     "StaleGeneration",
     "TransientError",
 ]
+
+
+# google.rpc.Code: the numbers operations and error envelopes carry, and their names.
+RPC_CODE_NAMES: dict[int, str] = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
 
 
 class ControllerError(Exception):
