@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.domain.cloud import NodePlacement
+
 __all__ = ["Settings", "get_settings"]
+
+_TAG = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class Settings(BaseSettings):
@@ -47,9 +52,20 @@ class Settings(BaseSettings):
     command_ttl_days: int = Field(default=30, ge=1, description="How long the idempotency ledger keeps an entry.")
     sample_ttl_days: int = Field(default=14, ge=1, description="How long monitor samples are kept.")
     lease_ttl_s: float = Field(default=120.0, gt=0, description="Reconciler lease length.")
+    node_task_timeout_s: float = Field(
+        default=300.0, gt=0, le=86400, description="A node task (restart, log tail) unanswered this long has failed."
+    )
     hf_token_secret: str = Field(default="tpuctl-hf-token", description="Secret name of the Hugging Face token.")
     vllm_api_key_secret: str = Field(default="tpuctl-vllm-api-key", description="Secret name of the vLLM API key.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Where TPU VMs are attached (Terraform outputs tpu_vm_service_account and node_network).
+    node_service_account: str | None = Field(
+        default=None, description="Service account email every TPU VM runs as (default: the project's default)."
+    )
+    node_network: str | None = Field(default=None, description="VPC name or path for TPU VMs (default: 'default').")
+    node_subnetwork: str | None = Field(default=None, description="Subnetwork name or path for TPU VMs.")
+    node_tags: str = Field(default="", description="Comma-separated network tags (the vLLM firewall rule's target).")
+    node_external_ips: bool = Field(default=True, description="false when the VMs reach out through Cloud NAT.")
 
     @model_validator(mode="after")
     def _gcp_needs_project(self) -> Settings:
@@ -57,7 +73,29 @@ class Settings(BaseSettings):
             raise ValueError("TPUCTL_PROJECT: required when TPUCTL_BACKEND=gcp (set it to your project id)")
         if self.clock == "simulator" and not self.tpu_endpoint:
             raise ValueError("TPUCTL_CLOCK: 'simulator' needs TPUCTL_TPU_ENDPOINT (the simulator's http:// URL)")
+        self.node_placement()  # a malformed email, network or tag fails at start-up, naming the variable
         return self
+
+    def node_placement(self) -> NodePlacement:
+        """The TPU VMs' identity and network, validated; errors name the ``TPUCTL_NODE_*`` variable to fix."""
+        tags = tuple(tag.strip() for tag in self.node_tags.split(",") if tag.strip())
+        for tag in tags:
+            if not _TAG.match(tag):
+                raise ValueError(f"TPUCTL_NODE_TAGS: {tag!r} is not a network tag (lower case, digits, '-'; 1-63)")
+        try:
+            return NodePlacement(
+                service_account=self.node_service_account,
+                network=self.node_network,
+                subnetwork=self.node_subnetwork,
+                tags=tags,
+                external_ips=self.node_external_ips,
+            )
+        except ValidationError as exc:
+            field = str(exc.errors()[0]["loc"][0])
+            raise ValueError(
+                f"TPUCTL_NODE_{field.upper()}: not valid ({exc.errors()[0]['msg']}); use Terraform's outputs "
+                "tpu_vm_service_account / node_network"
+            ) from None
 
 
 @lru_cache(maxsize=1)

@@ -962,6 +962,14 @@ class ComputeEngine:
 
     # ------------------------------------------------------------------ rendering
 
+    def _resource_url(self, path: str) -> str:
+        """A network or subnetwork as Compute Engine echoes it: a full URL, project filled in when absent."""
+        if path.startswith("https://"):
+            return path
+        if not path.startswith("projects/"):
+            path = f"projects/{self._scenario.project}/{path}"
+        return f"{COMPUTE}/{path}"
+
     def _render(self, instance: SimInstance) -> dict[str, Any]:
         body = instance.body
         kept: dict[str, Any] = {
@@ -972,12 +980,16 @@ class ComputeEngine:
         scheduling = dict(body.get("scheduling") or {})
         if instance.termination_time is not None:
             scheduling["terminationTime"] = format_time(instance.termination_time)
+        sent = (body.get("networkInterfaces") or [{}])[0]
         interface: dict[str, Any] = {
             "name": "nic0",
-            "network": f"{COMPUTE}/projects/{self._scenario.project}/global/networks/default",
+            "network": self._resource_url(sent.get("network") or "global/networks/default"),
             "networkIP": instance.ip_address,
         }
-        if instance.state in ("STAGING", "RUNNING", "STOPPING"):
+        if sent.get("subnetwork"):
+            interface["subnetwork"] = self._resource_url(sent["subnetwork"])
+        wants_external_ip = bool(sent.get("accessConfigs")) or "networkInterfaces" not in body
+        if wants_external_ip and instance.state in ("STAGING", "RUNNING", "STOPPING"):
             interface["accessConfigs"] = [
                 {"name": "External NAT", "type": "ONE_TO_ONE_NAT", "natIP": instance.ip_address}
             ]

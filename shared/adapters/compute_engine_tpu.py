@@ -53,7 +53,7 @@ from google.cloud import compute_v1
 
 from shared.adapters.gcp_tpu import cloud_error_from_exception
 from shared.domain.backends import MACHINE_TYPES, accelerator_of_machine_type, machine_type_of
-from shared.domain.cloud import LABEL_MANAGED_BY, ObservedResource, OperationStatus, ProvisionRequest
+from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import Backend, NodeState, QueuedResourceState, Tier
 
@@ -259,6 +259,7 @@ class ComputeEngineTpu:
         boot_disk_type: str = "hyperdisk-balanced",
         network: str = "global/networks/default",
         external_ip: bool = True,
+        placement: NodePlacement | None = None,
     ) -> None:
         if not project:
             raise ValueError("project: required (the GCP project id, e.g. demo-proj)")
@@ -270,8 +271,9 @@ class ComputeEngineTpu:
         self._image_family = image_family
         self._boot_disk_gb = boot_disk_gb
         self._boot_disk_type = boot_disk_type
-        self._network = network
-        self._external_ip = external_ip
+        self._placement = placement or NodePlacement()
+        self._network = self._placement.network_path(project) or network
+        self._external_ip = external_ip and self._placement.external_ips
         self._credentials: Credentials | None = credentials
         if credentials is None and endpoint is not None:
             self._credentials = AnonymousCredentials()
@@ -367,9 +369,16 @@ class ComputeEngineTpu:
                 )
             ],
             service_accounts=[
-                compute_v1.ServiceAccount(email=request.service_account or "default", scopes=list(SCOPES))
+                compute_v1.ServiceAccount(
+                    email=request.service_account or self._placement.service_account or "default", scopes=list(SCOPES)
+                )
             ],
         )
+        subnetwork = self._placement.subnetwork_path(self.project, zone.rsplit("-", 1)[0])
+        if subnetwork:
+            instance.network_interfaces[0].subnetwork = subnetwork
+        if self._placement.tags:
+            instance.tags = compute_v1.Tags(items=list(self._placement.tags))
         if params is not None:
             instance.params = params
         if request.startup_script:

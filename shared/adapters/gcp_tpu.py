@@ -42,7 +42,7 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import duration_pb2, json_format
 
-from shared.domain.cloud import LABEL_MANAGED_BY, ObservedResource, OperationStatus, ProvisionRequest
+from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import RPC_CODE_NAMES, CloudError, ErrorClass
 from shared.domain.models import NodeState, QueuedResourceState, Tier
 
@@ -482,6 +482,7 @@ class GcpTpuApi:
         credentials: Credentials | None = None,
         transport: str = "rest",
         timeout_s: float = 30.0,
+        placement: NodePlacement | None = None,
     ) -> None:
         if not project:
             raise ValueError("project: required (the GCP project id, e.g. demo-proj)")
@@ -493,6 +494,7 @@ class GcpTpuApi:
         self._endpoint = endpoint
         self._transport = transport
         self._timeout_s = timeout_s
+        self._placement = placement or NodePlacement()
         self._credentials: Credentials | None = credentials
         if credentials is None and endpoint is not None:
             self._credentials = AnonymousCredentials()
@@ -573,8 +575,18 @@ class GcpTpuApi:
         node = tpu_v2.Node(accelerator_type=request.accelerator, runtime_version=request.runtime_version, labels=labels)
         if request.startup_script:
             node.metadata = {"startup-script": request.startup_script}
-        if request.service_account:
-            node.service_account = tpu_v2.ServiceAccount(email=request.service_account, scope=list(SCOPES))
+        placement = self._node_placement(request)
+        if "serviceAccount" in placement:
+            node.service_account = tpu_v2.ServiceAccount(email=placement["serviceAccount"]["email"], scope=list(SCOPES))
+        if "networkConfig" in placement:
+            config = placement["networkConfig"]
+            node.network_config = tpu_v2.NetworkConfig(
+                network=config.get("network", ""),
+                subnetwork=config.get("subnetwork", ""),
+                enable_external_ips=config["enableExternalIps"],
+            )
+        if "tags" in placement:
+            node.tags = placement["tags"]
         parent = self._parent(request.zone)
         queued = tpu_v2.QueuedResource(
             tpu=tpu_v2.QueuedResource.Tpu(
@@ -616,8 +628,7 @@ class GcpTpuApi:
         }
         if request.startup_script:
             node["metadata"] = {"startup-script": request.startup_script}
-        if request.service_account:
-            node["serviceAccount"] = {"email": request.service_account, "scope": list(SCOPES)}
+        node.update(self._node_placement(request))
         body: dict[str, Any] = {
             "tpu": {"nodeSpec": [{"parent": parent, "nodeId": request.node_id, "node": node}]},
             "provisioningModel": "FLEX_START",
@@ -628,6 +639,27 @@ class GcpTpuApi:
         params = {"queuedResourceId": request.resource_id, "requestId": request.request_id}
         answer = self._rest("POST", f"v2alpha1/{parent}/queuedResources", params=params, body=body)
         return _op_status_from_json(answer)
+
+    def _node_placement(self, request: ProvisionRequest) -> dict[str, Any]:
+        """The node's identity, network and tags as v2 JSON: the installation's placement, the request's account
+        first. Empty when nothing is configured, so the API applies its defaults."""
+        placement = self._placement
+        fields: dict[str, Any] = {}
+        email = request.service_account or placement.service_account
+        if email:
+            fields["serviceAccount"] = {"email": email, "scope": list(SCOPES)}
+        if placement.network or placement.subnetwork or not placement.external_ips:
+            config: dict[str, Any] = {"enableExternalIps": placement.external_ips}
+            network = placement.network_path(self.project)
+            subnetwork = placement.subnetwork_path(self.project, request.zone.rsplit("-", 1)[0])
+            if network:
+                config["network"] = network
+            if subnetwork:
+                config["subnetwork"] = subnetwork
+            fields["networkConfig"] = config
+        if placement.tags:
+            fields["tags"] = list(placement.tags)
+        return fields
 
     def get_operation(self, name: str) -> OperationStatus:
         """The operation as it stands. The v2 client parses operations strictly, so a v2alpha1 answer carrying

@@ -17,6 +17,7 @@ __all__ = [
     "LABEL_DEPLOYMENT",
     "LABEL_GENERATION",
     "LABEL_MANAGED_BY",
+    "NodePlacement",
     "ObservedResource",
     "OperationStatus",
     "ProvisionRequest",
@@ -26,6 +27,40 @@ __all__ = [
 LABEL_DEPLOYMENT = "tpuctl-deployment"
 LABEL_GENERATION = "tpuctl-generation"
 LABEL_MANAGED_BY = "managed-by"
+
+
+_EMAIL = r"^[a-z0-9][-a-z0-9]{4,62}@[a-z0-9][-a-z0-9.:]{0,100}\.gserviceaccount\.com$"
+_NETWORK_PATH = r"^[a-z][-a-z0-9/]{0,200}[a-z0-9]$"
+
+
+class NodePlacement(BaseModel):
+    """Where every TPU VM is attached: identity, network and firewall tag (Terraform's outputs).
+
+    The same for all deployments of one installation, so the adapters apply it to every create. Without a
+    service account the VM runs as the project's default compute identity, which is far wider than the node
+    needs; Terraform makes a narrow one (``tpu_vm_service_account``) and the firewall rule that admits the vLLM
+    port targets ``tags`` only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    service_account: str | None = Field(default=None, pattern=_EMAIL)
+    network: str | None = Field(default=None, pattern=_NETWORK_PATH, description="VPC name or path.")
+    subnetwork: str | None = Field(default=None, pattern=_NETWORK_PATH, description="Subnetwork name or path.")
+    tags: tuple[str, ...] = Field(default=(), max_length=64)
+    external_ips: bool = Field(default=True, description="False behind Cloud NAT (Terraform's network module).")
+
+    def network_path(self, project: str) -> str | None:
+        """A bare VPC name as ``projects/P/global/networks/NAME``; a path is kept as given."""
+        if self.network is None or "/" in self.network:
+            return self.network
+        return f"projects/{project}/global/networks/{self.network}"
+
+    def subnetwork_path(self, project: str, region: str) -> str | None:
+        """A bare subnetwork name as ``projects/P/regions/R/subnetworks/NAME``; a path is kept as given."""
+        if self.subnetwork is None or "/" in self.subnetwork:
+            return self.subnetwork
+        return f"projects/{project}/regions/{region}/subnetworks/{self.subnetwork}"
 
 
 def accelerator_family(accelerator: str) -> str:

@@ -6,6 +6,7 @@ Parse only at the edge with :func:`decode_message`; a message that fails yields 
 
 from shared.messages.contracts import (
     MAX_MESSAGE_BYTES,
+    NODE_TASK_KINDS,
     SCHEDULED_JOB_ATTRIBUTE,
     SCHEMA_VERSION,
     BenchmarkCompleted,
@@ -17,6 +18,7 @@ from shared.messages.contracts import (
     Event,
     Message,
     NodeBooted,
+    NodeTaskCompleted,
     PhaseChanged,
     ReconcileTick,
     RestartServing,
@@ -24,6 +26,7 @@ from shared.messages.contracts import (
     ScheduleBenchmark,
     StartDeployment,
     StopDeployment,
+    TailServingLogs,
     UpdateDeployment,
     decode_message,
     encode_message,
@@ -35,6 +38,7 @@ from shared.messages.contracts import (
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "NODE_TASK_KINDS",
     "SCHEDULED_JOB_ATTRIBUTE",
     "SCHEMA_VERSION",
     "BenchmarkCompleted",
@@ -46,6 +50,7 @@ __all__ = [
     "Event",
     "Message",
     "NodeBooted",
+    "NodeTaskCompleted",
     "PhaseChanged",
     "ReconcileTick",
     "RestartServing",
@@ -53,6 +58,7 @@ __all__ = [
     "ScheduleBenchmark",
     "StartDeployment",
     "StopDeployment",
+    "TailServingLogs",
     "UpdateDeployment",
     "decode_message",
     "encode_message",

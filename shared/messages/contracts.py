@@ -106,6 +106,17 @@ class RestartServing(_DeploymentMessage):
     reason: str = Field(default="", max_length=500)
 
 
+class TailServingLogs(_DeploymentMessage):
+    """Ask the node for the last lines of the vLLM container's log (answered by ``node.task_completed``)."""
+
+    kind: Literal["serving.logs"] = "serving.logs"
+    lines: int = Field(default=100, ge=1, le=500, description="How many of the newest lines to return.")
+
+
+NODE_TASK_KINDS: tuple[str, ...] = ("serving.restart", "serving.logs")
+"""Commands the benchmark function records and dispatches to the deployment's node agent."""
+
+
 class BenchmarkRequest(BaseModel):
     """What to measure. Bounded so a typo cannot run for hours."""
 
@@ -217,6 +228,17 @@ class BenchmarkCompleted(_DeploymentMessage):
     error: str = Field(default="", max_length=4000)
 
 
+class NodeTaskCompleted(_DeploymentMessage):
+    """The node agent carried out (or could not carry out) a node task; ``task_id`` is the request's command id."""
+
+    kind: Literal["node.task_completed"] = "node.task_completed"
+    task_id: str = Field(pattern=UUID_PATTERN)
+    action: Literal["restart", "logs"]
+    status: Literal["completed", "failed"]
+    detail: str = Field(default="", max_length=2000)
+    lines: tuple[Annotated[str, Field(max_length=2000)], ...] = Field(default=(), max_length=500)
+
+
 class NodeBooted(_DeploymentMessage):
     """The node agent reports the machine it runs on (shown by the gateway's node details)."""
 
@@ -232,13 +254,14 @@ Command = Annotated[
     | StopDeployment
     | StartDeployment
     | RestartServing
+    | TailServingLogs
     | RunBenchmark
     | ScheduleBenchmark
     | ReconcileTick,
     Field(discriminator="kind"),
 ]
 Event = Annotated[
-    DeploymentObserved | PhaseChanged | BenchmarkCompleted | NodeBooted,
+    DeploymentObserved | PhaseChanged | BenchmarkCompleted | NodeTaskCompleted | NodeBooted,
     Field(discriminator="kind"),
 ]
 Message = Annotated[
@@ -248,12 +271,14 @@ Message = Annotated[
     | StopDeployment
     | StartDeployment
     | RestartServing
+    | TailServingLogs
     | RunBenchmark
     | ScheduleBenchmark
     | ReconcileTick
     | DeploymentObserved
     | PhaseChanged
     | BenchmarkCompleted
+    | NodeTaskCompleted
     | NodeBooted,
     Field(discriminator="kind"),
 ]
@@ -267,6 +292,7 @@ _TOPICS = {
     "deployment.observed": "events",
     "deployment.phase_changed": "events",
     "benchmark.completed": "events",
+    "node.task_completed": "events",
     "node.booted": "events",
 }
 
