@@ -13,7 +13,12 @@ run in its local equivalent:
 * a free loopback port is attached to the node as its network endpoint (``World.set_node_endpoint``) *before*
   vLLM starts, so the provisioner records the endpoint and the monitor reports BOOTING (connection refused)
   until vLLM answers: the boot delay the phases show is the real one;
-* the node agent (``python -m shared.bench.node_agent``) runs beside vLLM when the module exists.
+* the node agent (``python -m shared.bench.node_agent``) runs beside vLLM when the module exists;
+* the vLLM process is the node's "container": ``localcloud.container_api`` serves the Docker Engine API subset
+  the agent uses (inspect, restart, logs) on ``<node folder>/docker.sock``, and the agent gets
+  ``TPUCTL_NODE_DOCKER_HOST`` and ``TPUCTL_NODE_CONTAINER`` as the startup script gives them on a VM, so
+  ``serving.restart`` and ``serving.logs`` take the same code path as on a TPU VM. A restart stops vLLM's
+  process group and starts it again on the same port with the same arguments and key file.
 
 A preempted, stopped or deleted node has its processes stopped by process group (SIGTERM, then SIGKILL).
 Logs follow the local log layout (``shared.adapters.local_logs``): ``vllm-<deployment>.log``,
@@ -35,8 +40,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localcloud.container_api import ContainerApiServer, ProcessContainer, serve_node_container
 from localcloud.tpu_sim import NodeEvent, World
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, VllmProcess, free_loopback_port, start_vllm
+from shared.bench.node_agent import SERVING_CONTAINER_NAME
 from shared.domain.errors import ControllerError
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 from shared.logging import JsonFormatter, RedactingFilter, register_secret
@@ -82,6 +89,8 @@ class NodeSlot:
     booted_at: float
     vllm: VllmProcess | None = None
     agent: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    container: ProcessContainer | None = field(default=None, repr=False)
+    container_api: ContainerApiServer | None = field(default=None, repr=False)
     ready_after_s: float | None = None
     halted: str | None = None
     detail: str = ""
@@ -244,14 +253,19 @@ class NodeRuntime:
                 slot.port,
                 extra=ids,
             )
-            vllm = start_vllm(
-                self._tier,
-                port=slot.port,
-                api_key_file=key_file,
-                log_path=self._log_dir / f"vllm-{slot.deployment_id}.log",
-                served_model_name=served_model,
-                max_model_len=max_model_len,
-            )
+            log_path = self._log_dir / f"vllm-{slot.deployment_id}.log"
+
+            def launch() -> VllmProcess:
+                return start_vllm(
+                    self._tier,
+                    port=slot.port,
+                    api_key_file=key_file,
+                    log_path=log_path,
+                    served_model_name=served_model,
+                    max_model_len=max_model_len,
+                )
+
+            vllm = launch()
             with self._lock:
                 slot.vllm = vllm
                 self._groups.append(vllm.pid)
@@ -259,7 +273,8 @@ class NodeRuntime:
             if halted:
                 vllm.stop()
                 return
-            agent = self._start_agent(slot, key_file, served_model)
+            container_api = self._serve_container(slot, vllm, launch)
+            agent = self._start_agent(slot, key_file, served_model, container_api)
             with self._lock:
                 slot.agent = agent
                 if agent is not None:
@@ -298,6 +313,12 @@ class NodeRuntime:
     def _stop_slot(self, slot: NodeSlot, reason: str) -> None:
         with self._lock:
             slot.halted = reason
+            container, container_api = slot.container, slot.container_api
+        if container_api is not None:
+            container_api.stop()
+        if container is not None:
+            container.close()  # waits for a restart in progress, then allows none
+        with self._lock:
             vllm, agent = slot.vllm, slot.agent
         if agent is not None:
             _stop_group(agent)
@@ -348,7 +369,44 @@ class NodeRuntime:
             handle.write(key)
         return path
 
-    def _start_agent(self, slot: NodeSlot, key_file: Path, served_model: str) -> subprocess.Popen[bytes] | None:
+    def _serve_container(
+        self, slot: NodeSlot, vllm: VllmProcess, launch: Callable[[], VllmProcess]
+    ) -> ContainerApiServer:
+        """The node's Docker Engine API twin over its vLLM process (restart relaunches with ``launch``)."""
+
+        def relaunch() -> VllmProcess:
+            with self._lock:
+                if slot.halted:
+                    raise RuntimeError(f"node {slot.node_id}: {slot.halted}")
+            process = launch()
+            with self._lock:
+                slot.vllm = process
+                self._groups.append(process.pid)
+                slot.detail = "vLLM restarted through the container API"
+            self._logger(slot.deployment_id).info(
+                "node %s/%s: vLLM restarted (pid %d) through the container API",
+                slot.zone,
+                slot.node_id,
+                process.pid,
+                extra={"deployment_id": slot.deployment_id, "node": slot.node_id, "zone": slot.zone},
+            )
+            return process
+
+        container = ProcessContainer(
+            SERVING_CONTAINER_NAME, relaunch, log_path=vllm.log_path, clock=self._world.clock, process=vllm
+        )
+        server = serve_node_container(slot.work_dir, container)
+        with self._lock:
+            slot.container, slot.container_api = container, server
+            halted = slot.halted
+        if halted:
+            server.stop()
+            container.close()
+        return server
+
+    def _start_agent(
+        self, slot: NodeSlot, key_file: Path, served_model: str, container_api: ContainerApiServer | None = None
+    ) -> subprocess.Popen[bytes] | None:
         """``python -m shared.bench.node_agent`` beside vLLM, configured as the startup script configures it."""
         if importlib.util.find_spec(NODE_AGENT_MODULE) is None:
             slot.detail = "no node agent in this checkout (shared/bench/node_agent.py); benchmarks cannot run"
@@ -363,6 +421,8 @@ class NodeRuntime:
             TPUCTL_NODE_NAME=f"{slot.zone}/{slot.node_id}",
             PYTHONUNBUFFERED="1",
         )
+        if container_api is not None:
+            env.update(TPUCTL_NODE_DOCKER_HOST=container_api.docker_host, TPUCTL_NODE_CONTAINER=SERVING_CONTAINER_NAME)
         log_path = self._log_dir / f"agent-{slot.deployment_id}.jsonl"
         with log_path.open("ab") as sink:
             return subprocess.Popen(

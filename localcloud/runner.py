@@ -75,7 +75,10 @@ RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
 NAME_PREFIX = "tpuctl"
 
 # Routing, as terraform/envs/default/main.tf builds it.
-BENCHMARK_COMMAND_FILTER = 'attributes.kind = "benchmark.run" OR attributes.kind = "benchmark.schedule"'
+BENCHMARK_COMMAND_FILTER = (
+    'attributes.kind = "benchmark.run" OR attributes.kind = "benchmark.schedule" '
+    'OR attributes.kind = "serving.restart" OR attributes.kind = "serving.logs"'
+)  # benchmark commands and node tasks (the benchmark function dispatches both to the node agent)
 PROVISION_COMMAND_FILTER = f"NOT ({BENCHMARK_COMMAND_FILTER})"
 MONITOR_TICK_FILTER = 'attributes.purpose = "monitor"'
 PROVISION_TICK_FILTER = f"NOT {MONITOR_TICK_FILTER}"

@@ -46,6 +46,8 @@ from mcp_client_gateway.models import (
     PlanView,
     QueryResult,
     SecretSaved,
+    ServingLogsView,
+    ZoneQuotaView,
     ZonesView,
 )
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
@@ -192,19 +194,38 @@ def render_operation(view: OperationView, out: Output) -> None:
 
 def render_zones(view: ZonesView, out: Output) -> None:
     tiers = sorted({tier for zone in view.zones for tier in zone.usd_per_hour})
+    live = view.live_quota is not None
     rows = [
         (
             z.zone,
             *(f"${z.usd_per_hour[t]:.2f}" if t in z.usd_per_hour else "-" for t in tiers),
             "yes" if z.available else "no",
             ", ".join(f"{t}: {k}" for t, k in z.blocked_tiers.items()) or "-",
+            *((", ".join(_quota_cell(q) for q in z.quota) or "-",) if live else ()),
         )
         for z in view.zones
     ]
     title = f"Zones for {view.accelerator} ({view.chips} chips), $/hour, prices of {view.price_table_date}"
-    out.out.print(_table(title, ("ZONE", *(t.upper() for t in tiers), "OPEN", "BLOCKED"), rows))
+    quota_column = ("QUOTA (free chips, largest slice that fits)",) if live else ()
+    out.out.print(_table(title, ("ZONE", *(t.upper() for t in tiers), "OPEN", "BLOCKED", *quota_column), rows))
     for block in view.region_blocks:
         out.out.print(Text(f"region/project block: {block.key} ({block.reason})"))
+    if view.live_quota is not None and view.live_quota.problem:
+        read = "read" if view.live_quota.read else "not read"
+        fix = f" Fix: {view.live_quota.fix}." if view.live_quota.fix else ""
+        out.out.print(Text(f"live quota {read}: {view.live_quota.problem}.{fix}"))
+
+
+def _quota_cell(quota: ZoneQuotaView) -> str:
+    """``spot 12 free (v6e-8)``; ``on_demand not listed``; ``spot unlimited``; ``spot ? in use``."""
+    if not quota.limits:
+        return f"{quota.tier} not listed"
+    if any(bound.in_use is None for bound in quota.limits):
+        return f"{quota.tier} limit {min(b.limit for b in quota.limits)}, ? in use"
+    if quota.headroom_chips is None:
+        return f"{quota.tier} unlimited"
+    largest = quota.slices_that_fit[-1] if quota.slices_that_fit else "none"
+    return f"{quota.tier} {quota.headroom_chips} free ({largest})"
 
 
 def render_plan(plan: PlanView, out: Output) -> None:
@@ -261,6 +282,16 @@ def render_logs(view: LogsView, out: Output) -> None:
     out.out.print(_table("Logs (untrusted text)", ("TIME", "SEVERITY", "SOURCE", "MESSAGE"), rows))
     if view.truncated:
         out.note("output was cut to stay within bounds; narrow it with --minutes, --severity or --limit")
+
+
+def render_serving_logs(view: ServingLogsView, out: Output) -> None:
+    out.note(f"vLLM container log of {view.deployment_id} (task {view.task_id}), untrusted text:")
+    for line in view.lines:  # already stripped of escapes and control characters: written as is, unwrapped
+        out.stdout.write(line + "\n")
+    if view.status != "completed":
+        out.note(f"{view.status}: {view.detail or view.next_step}")
+    if view.truncated:
+        out.note("output was cut to stay within bounds; ask for fewer lines with --tail")
 
 
 def render_health(report: HealthReport, out: Output) -> None:
@@ -327,6 +358,7 @@ def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, pol
             status_ctx.__exit__(None, None, None)
     out.data(view, render_operation)
     failed = view.status in ("rejected", "failed") or view.phase == "FAILED" or view.benchmark_status == "failed"
+    failed = failed or (view.node_task is not None and view.node_task.status == "failed")
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -388,6 +420,13 @@ def cmd_stop(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
 
 
+def cmd_restart(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    what = core.confirmation_text("restart", args.deployment_id)
+    accepted = core.restart_serving(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    out.data(accepted, render_accepted)
+    return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
+
+
 def cmd_start(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     accepted = core.start_deployment(args.deployment_id)
     out.data(accepted, render_accepted)
@@ -411,7 +450,7 @@ def cmd_plan(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_zones(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    out.data(core.list_zones(accelerator=args.accelerator, tier=args.tier), render_zones)
+    out.data(core.list_zones(accelerator=args.accelerator, tier=args.tier, live_quota=args.live_quota), render_zones)
     return EXIT_OK
 
 
@@ -435,6 +474,8 @@ def cmd_health(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    if args.tail is not None or args.task_id is not None:
+        return _tail_logs(core, args, out)
     view = core.get_logs(
         deployment_id=args.deployment_id,
         source=args.source,
@@ -445,6 +486,23 @@ def cmd_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     )
     out.data(view, render_logs)
     return EXIT_OK
+
+
+def _tail_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    """Ask the node for the newest vLLM log lines and follow the answer for up to --timeout seconds."""
+    if not args.deployment_id:
+        raise _Usage("deployment_id: --tail and --task-id read one deployment's node; name the deployment")
+    lines = args.tail if args.tail is not None else 100
+    view = core.tail_serving_logs(args.deployment_id, lines=lines, task_id=args.task_id)
+    deadline = time.monotonic() + args.timeout
+    while view.status == "pending" and time.monotonic() < deadline:
+        time.sleep(args.poll_seconds)
+        view = core.tail_serving_logs(args.deployment_id, task_id=view.task_id)
+    out.data(view, render_serving_logs)
+    if view.status == "pending":
+        out.note(f"no answer yet; read it later with: tpuctl logs {args.deployment_id} --task-id {view.task_id}")
+        return EXIT_TIMEOUT
+    return EXIT_FAILED if view.status == "failed" else EXIT_OK
 
 
 def cmd_bench_run(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
@@ -563,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, text in (
         ("delete", cmd_delete, "delete a deployment (asks for confirmation)"),
         ("stop", cmd_stop, "release the TPU, keep the deployment (asks for confirmation)"),
+        ("restart", cmd_restart, "restart the vLLM container on the node (asks for confirmation)"),
     ):
         destructive = sub.add_parser(name, parents=[common, waiting], help=text)
         destructive.add_argument("deployment_id")
@@ -588,6 +647,12 @@ def build_parser() -> argparse.ArgumentParser:
     zones = sub.add_parser("zones", parents=[common], help="zones, prices and capacity memory")
     zones.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
     zones.add_argument("--tier", choices=TIERS)
+    zones.add_argument(
+        "--live-quota",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read quota limits (Cloud Quotas API) and usage (TPU API nodes) now (default: yes)",
+    )
     zones.set_defaults(handler=cmd_zones)
 
     query = sub.add_parser("query", parents=[common], help="ask the deployed model (with timing)")
@@ -608,6 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--severity", choices=SEVERITIES, default="DEFAULT")
     logs.add_argument("--minutes", type=int, default=60)
     logs.add_argument("--limit", type=int, default=100)
+    logs.add_argument(
+        "--tail", type=int, metavar="N", help="fetch the newest N lines of the vLLM container from the node (1-500)"
+    )
+    logs.add_argument("--task-id", help="read the answer of an earlier --tail that had not arrived")
+    logs.add_argument("--timeout", type=float, default=30.0, help="with --tail: wait this long for the node")
+    logs.add_argument("--poll-seconds", type=float, default=1.0, help=argparse.SUPPRESS)
     logs.set_defaults(handler=cmd_logs)
 
     bench = sub.add_parser("bench", parents=[common], help="run, show and compare benchmarks")

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,18 +40,23 @@ from mcp_client_gateway.models import (
     ErrorCode,
     HealthCheck,
     HealthReport,
+    LiveQuotaView,
     LogAnalysis,
     LogLine,
     LogsView,
     MetricsView,
+    NodeTaskView,
     NodeView,
     OperationView,
     PlanView,
     QueryResult,
+    QuotaBoundView,
     ResourceView,
     SampleView,
     SecretSaved,
+    ServingLogsView,
     ZoneMemoryView,
+    ZoneQuotaView,
     ZonesView,
     ZoneView,
 )
@@ -65,12 +71,21 @@ from shared.domain.models import (
     DeploymentSpec,
     Desired,
     MonitorSample,
+    NodeTask,
     Phase,
     Tier,
     ZoneMemoryEntry,
     region_of,
 )
 from shared.domain.prices import PRICE_TABLE_DATE, price_per_chip_hour
+from shared.domain.quota import (
+    QuotaHeadroom,
+    QuotaLimit,
+    quota_headroom,
+    tpu_quota_usage,
+    usage_from_records,
+    zones_with_zone_limits,
+)
 from shared.domain.zone_memory import blocking_entry, is_active
 from shared.logging import redact, register_secret
 from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
@@ -85,9 +100,12 @@ from shared.ports import (
     LogSource,
     ModelChatRequest,
     ModelClient,
+    QuotaApi,
     SecretStore,
     StateStore,
+    TpuApi,
 )
+from shared.services.node_tasks import as_read, no_node_reason
 from shared.wiring import LOCAL_PROJECT
 
 if TYPE_CHECKING:  # the serving plan pulls in the capacity, launch and manifest modules: loaded on first use
@@ -127,6 +145,11 @@ _MAX_LOG_CHARS = 4096
 _MAX_ANALYSIS_CHARS = 8192
 _PUBLISHED_MEMORY = 1000
 _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TAIL_WAIT_S = 3.0  # how long tpu_tail_serving_logs waits for the node's answer before returning the task id
+_TAIL_POLL_S = 0.2
+_MAX_TAIL_CHARS = 12288
+_NODE_TASKS_SHOWN = 10
+_NODE_TASK_KINDS = {"restart": "serving.restart", "logs": "serving.logs"}
 _SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
 _ENDPOINT_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED, Phase.DOWN, Phase.COMPILING, Phase.BOOTING})
 _TARGET_PHASES: dict[str, frozenset[Phase]] = {
@@ -205,6 +228,8 @@ class GatewayPorts:
     clock: Clock
     logs: LogReader | None = None
     model_client: ModelClient | None = None
+    quotas: QuotaApi | None = None
+    tpu: TpuApi | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -233,6 +258,8 @@ class GatewayCore:
         self._published: OrderedDict[str, _Published] = OrderedDict()
         self._lock = threading.Lock()
         self._secrets_registered = False
+        self.tail_wait_s = _TAIL_WAIT_S
+        """How long tail_serving_logs waits for the node's answer (tests shorten it)."""
 
     # ------------------------------------------------------------------ deployments (commands)
 
@@ -426,6 +453,7 @@ class GatewayCore:
                 chips=_chips(spec.accelerator),
                 system=system,
             ),
+            node_tasks=[_node_task_view(task) for task in self._node_tasks_of(record.deployment_id)],
             created_at=record.created_at,
             updated_at=record.updated_at,
         )
@@ -439,9 +467,13 @@ class GatewayCore:
         ledger = self.ports.store.get_command(command_id)
         with self._lock:
             published = self._published.get(command_id)
+        fallback_kind, fallback_deployment = "benchmark.run", None
         if ledger is None and published is None:
             run = self.ports.store.get_benchmark_run(command_id)
-            if run is None:
+            found = self._node_task(command_id) if run is None else None
+            if found is not None:  # a node task sent by another gateway or the monitor, and its ledger expired
+                fallback_kind, fallback_deployment = _NODE_TASK_KINDS[found.action], found.deployment_id
+            elif run is None:
                 return OperationView(
                     command_id=command_id,
                     status="unknown",
@@ -450,8 +482,12 @@ class GatewayCore:
                     "not picked it up).",
                     next_step="Check tpu_get_deployment for the deployment's phase.",
                 )
-        kind = ledger.kind if ledger else published.kind if published else "benchmark.run"
-        deployment_id = (ledger.deployment_id if ledger else None) or (published.deployment_id if published else None)
+        kind = ledger.kind if ledger else published.kind if published else fallback_kind
+        deployment_id = (
+            (ledger.deployment_id if ledger else None)
+            or (published.deployment_id if published else None)
+            or fallback_deployment
+        )
         record = self.ports.store.get_deployment(deployment_id) if deployment_id else None
         now = self.ports.clock.now()
         since = ledger.received_at if ledger else published.at if published else None
@@ -476,6 +512,8 @@ class GatewayCore:
             view.stage = f"Benchmark {run.status}" if run else "Benchmark queued"
             view.next_step = "Read the result with tpu_get_benchmark." if view.done else "Poll again in a minute."
             return view
+        if kind in ("serving.restart", "serving.logs"):
+            return self._node_task_operation(view)
         if status in ("rejected", "failed"):
             view.done = True
             view.stage = f"The controller {status} the command: {view.outcome or 'no reason recorded'}"
@@ -500,8 +538,8 @@ class GatewayCore:
 
     # ------------------------------------------------------------------ zones and capacity memory
 
-    def list_zones(self, *, accelerator: str = "v6e-4", tier: str | None = None) -> ZonesView:
-        """Zones with slice prices per tier and what the capacity search remembers about each."""
+    def list_zones(self, *, accelerator: str = "v6e-4", tier: str | None = None, live_quota: bool = True) -> ZonesView:
+        """Zones with slice prices per tier, what the capacity search remembers, and (live) the quota headroom."""
         chips = _chips(accelerator)
         family = accelerator_family(accelerator)
         now = self.ports.clock.now()
@@ -512,10 +550,21 @@ class GatewayCore:
             if record.spec.accelerator == accelerator:
                 zones.update(record.spec.zones)
         zones.update(entry.zone for entry in memory.values() if entry.zone)
+        live: LiveQuotaView | None = None
+        headroom: dict[tuple[str, Tier], QuotaHeadroom] = {}
+        if live_quota:
+            limits, live = self._read_quota()
+            if live.read:
+                zones.update(zones_with_zone_limits(limits, family))
+                usage = self._read_quota_usage(live)
+                for found in quota_headroom(limits, usage, sorted(zones), tiers, family):
+                    headroom[(found.zone, found.tier)] = found
         views: list[ZoneView] = []
         for zone in sorted(zones):
             prices: dict[str, float] = {}
             blocked: dict[str, ZoneMemoryEntry] = {}
+            quota: list[ZoneQuotaView] = []
+            short: set[str] = set()
             for each in tiers:
                 price = price_per_chip_hour(zone, each, family)
                 if price is not None:
@@ -523,14 +572,20 @@ class GatewayCore:
                 entry = blocking_entry(memory, zone, each, accelerator, now)
                 if entry is not None:
                     blocked[each.value] = entry
+                row = headroom.get((zone, each))
+                if row is not None:
+                    quota.append(_zone_quota(row, chips))
+                    if row.fits(chips) is False:
+                        short.add(each.value)
             views.append(
                 ZoneView(
                     zone=zone,
                     region=region_of(zone),
                     usd_per_hour=prices,
-                    available=len(blocked) < len(tiers),
+                    available=len(set(blocked) | short) < len(tiers),
                     blocked_tiers={name: entry.key for name, entry in blocked.items()},
                     memory=[_memory(entry) for entry in {e.key: e for e in blocked.values()}.values()],
+                    quota=quota,
                 )
             )
         region_blocks = [_memory(entry) for entry in memory.values() if entry.zone is None]
@@ -540,9 +595,54 @@ class GatewayCore:
             zones=views,
             region_blocks=region_blocks,
             price_table_date=PRICE_TABLE_DATE.isoformat(),
+            live_quota=live,
             note="Prices are per slice-hour from the dated table; quota is not availability: a zone is only known "
-            "to have capacity once a queued resource there went ACTIVE.",
+            "to have capacity once a queued resource there went ACTIVE. Live quota: limits from the Cloud Quotas "
+            "API, in use counted from the TPU API's nodes (preempted nodes still hold quota).",
         )
+
+    def _read_quota(self) -> tuple[list[QuotaLimit], LiveQuotaView]:
+        """TPU API quota limits, or none and a view saying why (with the fix) when the API cannot be read."""
+        if self.ports.quotas is None:
+            return [], LiveQuotaView(
+                read=False,
+                usage_read=False,
+                field="live_quota",
+                problem="this gateway has no Cloud Quotas port",
+                fix="run the gateway from `python -m mcp_client_gateway` (it wires one), or pass live_quota=false",
+            )
+        try:
+            limits = self.ports.quotas.list_limits()
+        except CloudError as exc:
+            return [], _quota_failure(exc)
+        return limits, LiveQuotaView(read=True, usage_read=False, limits=len(limits))
+
+    def _read_quota_usage(self, live: LiveQuotaView) -> dict[tuple[str, str], int]:
+        """Chips in use per quota id and location: the TPU API's node list, else the controller's own records.
+
+        The gateway identity has no TPU API role by default (terraform), so on Google Cloud the fallback is
+        the usual path unless roles/tpu.viewer is granted; the view says which count was used.
+        """
+        if self.ports.tpu is not None:
+            try:
+                resources = self.ports.tpu.list("-")
+            except CloudError as exc:
+                problem = f"the TPU API list failed ({clean_text(exc.message)[0][:300]})"
+                live.error_class = exc.error_class.value
+                live.fix = (
+                    "grant roles/tpu.viewer to the gateway identity to count every TPU node in the project"
+                    if exc.error_class is ErrorClass.PERMISSION
+                    else "retry in a minute; the TPU API did not answer"
+                )
+            else:
+                live.usage_read, live.usage_source = True, "tpu_api"
+                return tpu_quota_usage(resources)
+        else:
+            problem = "this gateway has no TPU API port"
+            live.fix = "run the gateway from `python -m mcp_client_gateway` (it wires one)"
+        live.usage_read, live.usage_source = True, "controller_records"
+        live.problem = f"in use counts only tpuctl's own slices from the controller's records: {problem}"
+        return usage_from_records(self.ports.store.list_deployments())
 
     # ------------------------------------------------------------------ serving plan and artefacts
 
@@ -875,6 +975,51 @@ class GatewayCore:
             summary=clean_text(chat.text, limit=4000)[0],
             model=chat.model,
         )
+
+    def tail_serving_logs(self, deployment_id: str, *, lines: int = 100, task_id: str | None = None) -> ServingLogsView:
+        """Ask the node for the vLLM container's newest log lines and wait a few seconds for the answer;
+        with ``task_id``, read the answer to an earlier ask instead (nothing is published)."""
+        self._register_known_secrets()
+        if task_id is not None:
+            return self._read_tail(deployment_id, task_id)
+        record = self._record(deployment_id)
+        refusal = no_node_reason(record, deployment_id)
+        if refusal is not None:
+            raise GatewayError("failed_precondition", "deployment_id", refusal.removeprefix("deployment_id: "), "")
+        message = self._validated({"kind": "serving.logs", "deployment_id": deployment_id, "lines": lines})
+        accepted = self._publish(message, "")
+        deadline = time.monotonic() + self.tail_wait_s
+        task = self._node_task(message.command_id)
+        while (task is None or not task.finished) and time.monotonic() < deadline:
+            time.sleep(_TAIL_POLL_S)
+            task = self._node_task(message.command_id)
+        return _serving_logs_view(deployment_id, message.command_id, task, requested_at=accepted.published_at)
+
+    def _read_tail(self, deployment_id: str, task_id: str) -> ServingLogsView:
+        if not _COMMAND_ID.match(task_id):
+            raise GatewayError(
+                "invalid_argument", "task_id", "is not a task id", "pass the task_id tpu_tail_serving_logs returned"
+            )
+        task = self._node_task(task_id)
+        if task is None:
+            with self._lock:
+                published = self._published.get(task_id)
+            if published is None or published.kind != "serving.logs" or published.deployment_id != deployment_id:
+                raise GatewayError(
+                    "not_found",
+                    "task_id",
+                    f"no log tail '{task_id}' of '{deployment_id}'",
+                    "omit task_id to ask the node for its log again",
+                )
+            return _serving_logs_view(deployment_id, task_id, None, requested_at=published.at)
+        if task.action != "logs" or task.deployment_id != deployment_id:
+            raise GatewayError(
+                "invalid_argument",
+                "task_id",
+                f"belongs to a {task.action} task of '{task.deployment_id}', not a log tail of '{deployment_id}'",
+                "pass the task_id tpu_tail_serving_logs returned for this deployment",
+            )
+        return _serving_logs_view(deployment_id, task_id, task, requested_at=task.requested_at)
 
     # ------------------------------------------------------------------ benchmarks
 
@@ -1217,6 +1362,51 @@ class GatewayCore:
                 log.warning("could not read a secret for redaction", extra={"secret": name})
         self._secrets_registered = True
 
+    def _node_task(self, task_id: str) -> NodeTask | None:
+        """A node task as read now: one unanswered past the node-task timeout reads as failed."""
+        task = self.ports.store.get_node_task(task_id)
+        return as_read(task, self.ports.clock.now(), self.settings.node_task_timeout_s) if task else None
+
+    def _node_tasks_of(self, deployment_id: str) -> list[NodeTask]:
+        now = self.ports.clock.now()
+        timeout = self.settings.node_task_timeout_s
+        tasks = self.ports.store.list_node_tasks(deployment_id, limit=_NODE_TASKS_SHOWN)
+        return [as_read(task, now, timeout) for task in tasks]
+
+    def _node_task_operation(self, view: OperationView) -> OperationView:
+        """Progress of serving.restart / serving.logs: the node task and the node agent's answer."""
+        task = self._node_task(view.command_id)
+        if task is None:
+            if view.status in ("rejected", "failed"):
+                view.done = True
+                view.stage = f"The controller {view.status} the command: {view.outcome or 'no reason recorded'}"
+            elif view.status == "published":
+                view.stage = "Queued: waiting for the controller to pick the command up"
+                view.next_step = "Poll again in a few seconds."
+            else:
+                view.stage = "Accepted: being dispatched to the node agent"
+                view.next_step = "Poll again in a few seconds."
+            return view
+        view.node_task = _node_task_view(task)
+        view.done = task.finished
+        detail = clean_text(task.detail, limit=300)[0]
+        if task.status == "dispatched":
+            view.stage = "Dispatched to the node agent; waiting for its answer"
+            view.next_step = "Poll again in a few seconds."
+        elif task.status == "failed":
+            view.stage = f"failed: {detail or 'no reason recorded'}"
+            view.next_step = "See tpu_get_deployment for the node's state."
+        elif task.action == "restart":
+            finished = task.finished_at.isoformat() if task.finished_at else "an unknown time"
+            view.stage = f"completed: restarted at {finished}" + (f" ({detail})" if detail else "")
+            view.next_step = "vLLM loads the model again; serving resumes when tpu_get_deployment shows SERVING."
+        else:
+            view.stage = f"completed: {len(task.lines)} log line(s)" + (f" ({detail})" if detail else "")
+            view.next_step = (
+                f"Read them with tpu_tail_serving_logs(deployment_id='{task.deployment_id}', task_id='{task.task_id}')."
+            )
+        return view
+
     def _hourly_usd(self, record: DeploymentRecord) -> float | None:
         zone = record.status.zone
         tier = record.status.tier
@@ -1369,6 +1559,62 @@ def _bounded_lines(entries: Sequence[LogEntry], max_chars: int) -> tuple[list[Lo
     return lines, truncated
 
 
+def _node_task_view(task: NodeTask) -> NodeTaskView:
+    return NodeTaskView(
+        task_id=task.task_id,
+        action=task.action,
+        status=task.status,
+        reason=clean_text(task.reason, limit=200)[0],
+        requested_at=task.requested_at,
+        finished_at=task.finished_at,
+        detail=clean_text(task.detail, limit=500)[0],
+        line_count=len(task.lines),
+    )
+
+
+def _serving_logs_view(
+    deployment_id: str, task_id: str, task: NodeTask | None, *, requested_at: datetime | None
+) -> ServingLogsView:
+    """The answer of a log-tail task: the newest lines that fit the bound, cleaned again (they are untrusted)."""
+    if task is None or not task.finished:
+        return ServingLogsView(
+            deployment_id=deployment_id,
+            task_id=task_id,
+            status="pending",
+            done=False,
+            lines=[],
+            truncated=False,
+            requested_at=requested_at,
+            next_step=f"The node agent has not answered yet; call tpu_tail_serving_logs again with "
+            f"task_id='{task_id}' in a few seconds.",
+        )
+    kept: list[str] = []
+    used = 0
+    truncated = False
+    for line in reversed(task.lines):  # newest last on the wire: keep the tail when the bound bites
+        cleaned, cut = clean_text(line)
+        truncated = truncated or cut
+        if used + len(cleaned) > _MAX_TAIL_CHARS:
+            truncated = True
+            break
+        used += len(cleaned)
+        kept.append(cleaned)
+    kept.reverse()
+    failed = task.status == "failed"
+    return ServingLogsView(
+        deployment_id=deployment_id,
+        task_id=task_id,
+        status="failed" if failed else "completed",
+        done=True,
+        detail=clean_text(task.detail, limit=500)[0],
+        lines=kept,
+        truncated=truncated,
+        requested_at=task.requested_at,
+        finished_at=task.finished_at,
+        next_step="See tpu_get_deployment for the node's state, then try again." if failed else "",
+    )
+
+
 def _chips(accelerator: str) -> int:
     spec = ACCELERATORS.get(accelerator)
     if spec is None:
@@ -1414,6 +1660,46 @@ def _summary(record: DeploymentRecord) -> DeploymentSummary:
 
 def _sample(sample: MonitorSample) -> SampleView:
     return SampleView(taken_at=sample.taken_at, phase=sample.phase.value, probe=sample.probe, slis=dict(sample.slis))
+
+
+def _zone_quota(row: QuotaHeadroom, chips: int) -> ZoneQuotaView:
+    return ZoneQuotaView(
+        tier=row.tier.value,
+        quota_ids=list(row.quota_ids),
+        limits=[
+            QuotaBoundView(
+                quota_id=bound.quota_id,
+                scope=bound.scope,
+                location=bound.location,
+                limit=bound.limit,
+                in_use=bound.in_use,
+                headroom=bound.headroom,
+            )
+            for bound in row.bounds
+        ],
+        headroom_chips=row.headroom_chips,
+        slices_that_fit=list(row.slices_that_fit),
+        fits=row.fits(chips),
+    )
+
+
+_QUOTA_FIX = (
+    "grant roles/cloudquotas.viewer to the gateway identity and enable cloudquotas.googleapis.com "
+    "(terraform/modules/identities does both), or pass live_quota=false"
+)
+
+
+def _quota_failure(exc: CloudError) -> LiveQuotaView:
+    """A failed Cloud Quotas read as a degraded view: what failed and the one thing that fixes it."""
+    message = clean_text(exc.message)[0][:300]
+    if exc.error_class is ErrorClass.PERMISSION:
+        problem, fix = f"the Cloud Quotas API refused the read: {message}", _QUOTA_FIX
+    else:
+        problem = f"the Cloud Quotas API is unreachable ({exc.error_class.value}): {message}"
+        fix = "retry in a minute (locally TPUCTL_TPU_ENDPOINT must point at the simulator), or pass live_quota=false"
+    return LiveQuotaView(
+        read=False, usage_read=False, error_class=exc.error_class.value, field="live_quota", problem=problem, fix=fix
+    )
 
 
 def _memory(entry: ZoneMemoryEntry) -> ZoneMemoryView:

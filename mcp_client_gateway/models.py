@@ -26,18 +26,23 @@ __all__ = [
     "ErrorCode",
     "HealthCheck",
     "HealthReport",
+    "LiveQuotaView",
     "LogAnalysis",
     "LogLine",
     "LogsView",
     "MetricsView",
+    "NodeTaskView",
     "NodeView",
     "OperationView",
     "PlanView",
     "QueryResult",
+    "QuotaBoundView",
     "ResourceView",
     "SampleView",
     "SecretSaved",
+    "ServingLogsView",
     "ZoneMemoryView",
+    "ZoneQuotaView",
     "ZoneView",
     "ZonesView",
 ]
@@ -139,6 +144,22 @@ class NodeView(_View):
     )
 
 
+class NodeTaskView(_View):
+    """One container-control task on the deployment's node (restart vLLM, tail its log) and its answer."""
+
+    task_id: str = Field(description="The request's command_id; tpu_get_operation and tpu_tail_serving_logs read it.")
+    action: Literal["restart", "logs"]
+    status: Literal["dispatched", "completed", "failed"] = Field(
+        description="dispatched: sent to the node agent, no answer yet; completed or failed: its answer (a task "
+        "unanswered for the node-task timeout reads as failed)."
+    )
+    reason: str = ""
+    requested_at: datetime
+    finished_at: datetime | None = None
+    detail: str = Field(default="", description="What the node agent said, or why the task failed (sanitised).")
+    line_count: int = Field(default=0, description="Log lines the answer carried (logs tasks).")
+
+
 class SampleView(_View):
     """One monitor sample."""
 
@@ -176,6 +197,9 @@ class DeploymentDetail(_View):
     budget_usd: float | None = None
     ttl_hours: float | None = None
     node: NodeView
+    node_tasks: list[NodeTaskView] = Field(
+        default_factory=list, description="The latest container-control tasks (restart, log tail), newest first."
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -196,6 +220,9 @@ class OperationView(_View):
     phase: str | None = None
     elapsed_s: float | None = None
     benchmark_status: str | None = None
+    node_task: NodeTaskView | None = Field(
+        default=None, description="For serving.restart and serving.logs: the node task and the node agent's answer."
+    )
     next_step: str = ""
 
 
@@ -211,6 +238,44 @@ class ZoneMemoryView(_View):
     until: datetime | None = Field(default=None, description="When it expires; null = until cleared.")
 
 
+class QuotaBoundView(_View):
+    """One TPU API quota limit that applies to a zone and tier, with the chips in use against it."""
+
+    quota_id: str
+    scope: str = Field(description="zone or region.")
+    location: str
+    limit: int = Field(description="Chips, from the Cloud Quotas API; -1 = unlimited.")
+    in_use: int | None = Field(default=None, description="Chips held by TPU API nodes now; null when not read.")
+    headroom: int | None = Field(default=None, description="limit - in_use; null when unlimited or usage unknown.")
+
+
+class ZoneQuotaView(_View):
+    """The live quota for one tier in a zone: the tighter of its zone and region limits."""
+
+    tier: str
+    quota_ids: list[str] = Field(description="The zone and region quota ids this tier spends.")
+    limits: list[QuotaBoundView] = Field(description="Empty: the API lists no limit for these ids here (unknown).")
+    headroom_chips: int | None = Field(description="Chips free under every limit; null: unlimited or unknown.")
+    slices_that_fit: list[str] = Field(description="Slice shapes of the family that still fit, e.g. v6e-1, v6e-4.")
+    fits: bool | None = Field(description="Whether one slice of the accelerator asked about fits; null: unknown.")
+
+
+class LiveQuotaView(_View):
+    """How the live quota read went: limits from the Cloud Quotas API, usage from the TPU API's node list."""
+
+    read: bool = Field(description="True when the limits were read; false: see problem and fix.")
+    usage_read: bool = Field(description="True when chips in use were counted (see usage_source).")
+    usage_source: str | None = Field(
+        default=None,
+        description="tpu_api: every TPU API node in the project; controller_records: only tpuctl's own slices.",
+    )
+    limits: int = Field(default=0, description="Limits read (one per quota id and location).")
+    error_class: str | None = None
+    field: str | None = Field(default=None, description="The setting at fault, when the read failed.")
+    problem: str | None = None
+    fix: str | None = None
+
+
 class ZoneView(_View):
     """One zone: prices for the accelerator and what the search remembers."""
 
@@ -220,6 +285,9 @@ class ZoneView(_View):
     available: bool = Field(description="False while an active block or cooldown covers every tier asked about.")
     blocked_tiers: dict[str, str] = Field(description="Tier -> the memory key that keeps it out of the search.")
     memory: list[ZoneMemoryView] = Field(description="The entries behind blocked_tiers.")
+    quota: list[ZoneQuotaView] = Field(
+        default_factory=list, description="Live quota per tier (limit, in use, headroom); empty when not read."
+    )
 
 
 class ZonesView(_View):
@@ -229,6 +297,7 @@ class ZonesView(_View):
     chips: int
     zones: list[ZoneView]
     region_blocks: list[ZoneMemoryView] = Field(description="Region- and project-wide entries (quota, rate limit).")
+    live_quota: LiveQuotaView | None = Field(default=None, description="The live quota read; null when not asked.")
     price_table_date: str
     note: str = ""
 
@@ -300,6 +369,24 @@ class LogsView(_View):
     entries: list[LogLine]
     counts: dict[str, int] = Field(description="Lines per severity among those returned.")
     truncated: bool = Field(description="True when lines or characters were cut to stay within bounds.")
+
+
+class ServingLogsView(_View):
+    """The newest lines of the vLLM container's log, fetched from the node on demand; sanitised and untrusted."""
+
+    notice: str = UNTRUSTED_NOTICE
+    deployment_id: str
+    task_id: str = Field(description="Pass it back as task_id to read the answer if it was not ready yet.")
+    status: Literal["pending", "completed", "failed"] = Field(
+        description="pending: the node agent has not answered yet; call again with task_id."
+    )
+    done: bool
+    detail: str = ""
+    lines: list[str] = Field(description="Oldest first, each stripped of control characters with secrets redacted.")
+    truncated: bool = Field(description="True when lines or characters were cut to stay within bounds.")
+    requested_at: datetime | None = None
+    finished_at: datetime | None = None
+    next_step: str = ""
 
 
 class LogAnalysis(_View):

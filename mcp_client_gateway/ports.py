@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from mcp_client_gateway.core import GatewayPorts
 from shared.config import Settings
-from shared.ports import Clock, CommandBus, LogReader, ModelClient, SecretStore, StateStore
+from shared.ports import Clock, CommandBus, LogReader, ModelClient, QuotaApi, SecretStore, StateStore, TpuApi
 from shared.wiring import Runtime
 
 __all__ = ["build_ports", "local_log_dir", "warm_up"]
@@ -70,6 +70,12 @@ def build_ports(settings: Settings) -> GatewayPorts:
 
         return JsonLinesLogReader(local_log_dir(settings))
 
+    def quotas() -> QuotaApi:
+        # Built here, not in shared.wiring: only the gateway reads quota, so no function ships the client.
+        from shared.adapters.cloud_quotas import CloudQuotas
+
+        return CloudQuotas(runtime.project, endpoint=settings.tpu_endpoint)
+
     def model_client() -> ModelClient:
         from shared.adapters.openai_client import OpenAiCompatibleClient
 
@@ -79,6 +85,8 @@ def build_ports(settings: Settings) -> GatewayPorts:
         "store": _Deferred(lambda: runtime.store),
         "bus": _Deferred(bus),
         "secrets": _Deferred(lambda: runtime.secrets),
+        "quotas": _Deferred(quotas),
+        "tpu": _Deferred(lambda: runtime.tpu),
     }
     ports = GatewayPorts(
         settings=settings,
@@ -88,6 +96,8 @@ def build_ports(settings: Settings) -> GatewayPorts:
         clock=cast(Clock, _Deferred(lambda: runtime.clock)),
         logs=cast(LogReader, _Deferred(logs)),
         model_client=cast(ModelClient, _Deferred(model_client)),
+        quotas=cast(QuotaApi, deferred["quotas"]),
+        tpu=cast(TpuApi, deferred["tpu"]),
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import traceback
@@ -24,6 +25,7 @@ __all__ = [
     "deployment_logger",
     "redact",
     "register_secret",
+    "scrub_untrusted",
 ]
 
 REDACTED = "[REDACTED]"
@@ -58,6 +60,33 @@ def redact(text: str) -> str:
         if value in text:
             text = text.replace(value, REDACTED)
     return text
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2069\ufeff]")
+_TOKEN_SHAPED = re.compile(
+    r"hf_[A-Za-z0-9]{20,}"  # Hugging Face tokens
+    r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}"  # Authorization headers
+    r"|sk-[A-Za-z0-9_-]{16,}"  # OpenAI-style keys
+    r"|(?i:api[_-]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"  # key=value forms
+)
+
+
+def scrub_untrusted(text: str, limit: int, *, also_redact: str | None = None) -> tuple[str, bool]:
+    """Untrusted text (log lines, upstream errors, model output) made safe to store, show or hand to a model.
+
+    Logs can carry attacker text and secrets: ANSI escapes and control or bidi characters go (tabs and line
+    breaks become spaces), registered secrets, ``also_redact`` and token-shaped strings are redacted, and the
+    result is cut to ``limit`` characters. Returns the text and whether it was cut.
+    """
+    cleaned = _ANSI.sub("", text).replace("\t", " ").replace("\r", " ").replace("\n", " ")
+    cleaned = _CONTROL.sub("", cleaned)
+    if also_redact:
+        cleaned = cleaned.replace(also_redact, REDACTED)
+    cleaned = _TOKEN_SHAPED.sub(REDACTED, redact(cleaned))
+    if len(cleaned) > limit:
+        return cleaned[: max(0, limit - 1)] + "…", True
+    return cleaned, False
 
 
 def _redact_value(value: Any) -> Any:

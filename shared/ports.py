@@ -19,13 +19,16 @@ from shared.domain.models import (
     DeploymentRecord,
     Lease,
     MonitorSample,
+    NodeTask,
     RejectedMessage,
     ZoneMemoryEntry,
 )
+from shared.domain.quota import TPU_QUOTA_SERVICE, QuotaLimit
 
 __all__ = [
     "Clock",
     "CommandBus",
+    "ContainerState",
     "Delivery",
     "Fence",
     "Handler",
@@ -36,9 +39,11 @@ __all__ = [
     "ModelChatRequest",
     "ModelClient",
     "ModelEndpointCheck",
+    "QuotaApi",
     "SchedulerApi",
     "SchedulerJob",
     "SecretStore",
+    "ServingContainer",
     "ServingProbe",
     "StateStore",
     "TpuApi",
@@ -63,7 +68,7 @@ class Fence:
 
 
 class StateStore(Protocol):
-    """Deployments, the command ledger, leases, samples, benchmark runs and zone memory.
+    """Deployments, the command ledger, leases, samples, benchmark runs, node tasks and zone memory.
 
     Writes that change a deployment are compare-and-set on ``version``; a lost race raises
     :class:`~shared.domain.errors.ConflictError`, a stale fence raises
@@ -123,6 +128,24 @@ class StateStore(Protocol):
     def get_benchmark_run(self, run_id: str) -> BenchmarkRun | None: ...
 
     def list_benchmark_runs(self, deployment_id: str | None = None, limit: int = 100) -> list[BenchmarkRun]: ...
+
+    # Node tasks (container control: restart, log tail)
+    def create_node_task(self, task: NodeTask) -> tuple[bool, NodeTask]:
+        """Create-if-absent on ``task_id``: ``(True, task)`` the first time, ``(False, stored)`` after."""
+        ...
+
+    def update_node_task(self, task: NodeTask, *, expected_status: str | None = None) -> bool:
+        """Replace a stored task; with ``expected_status`` only while the stored one still has that status.
+
+        Returns whether it was written; LookupError if the task was never created.
+        """
+        ...
+
+    def get_node_task(self, task_id: str) -> NodeTask | None: ...
+
+    def list_node_tasks(self, deployment_id: str, limit: int = 20) -> list[NodeTask]:
+        """The deployment's tasks, newest ``requested_at`` first."""
+        ...
 
     # Zone memory (shared by all deployments)
     def list_zone_memory(self) -> list[ZoneMemoryEntry]: ...
@@ -242,6 +265,14 @@ class TpuApi(Protocol):
     def start_node(self, zone: str, node_id: str) -> OperationStatus: ...
 
 
+class QuotaApi(Protocol):
+    """Quota limits (the Cloud Quotas API). Usage is not here: it is counted from ``TpuApi.list``."""
+
+    def list_limits(self, service: str = TPU_QUOTA_SERVICE) -> list[QuotaLimit]:
+        """Every limit of ``service`` per zone, region or ``global``; errors are classified ``CloudError``s."""
+        ...
+
+
 LogSeverity = Literal["DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"]
 LOG_SEVERITIES: tuple[str, ...] = get_args(LogSeverity)
 LogSource = Literal["any", "controller", "node"]
@@ -338,3 +369,31 @@ class ServingProbe(Protocol):
     """
 
     async def probe(self, base_url: str) -> ProbeResult: ...
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """The serving container as the engine sees it: ``status`` is Docker's (running, restarting, exited, ...)."""
+
+    name: str
+    status: str
+    started_at: datetime | None  # None: never started
+    pid: int | None = None
+
+
+class ServingContainer(Protocol):
+    """The vLLM container on a node (Docker Engine API on a TPU VM, the local cloud's twin of it locally).
+
+    Errors are classified: ``PermanentError`` when retrying cannot help (no such container, no engine socket),
+    ``TransientError`` when it may (engine busy or failing).
+    """
+
+    def inspect(self) -> ContainerState: ...
+
+    def restart(self, timeout_s: float) -> ContainerState:
+        """Stop (SIGTERM, SIGKILL after ``timeout_s``) and start again; returns the state after the start."""
+        ...
+
+    def tail(self, lines: int) -> list[str]:
+        """The newest ``lines`` lines of the container's log (stdout and stderr), oldest first."""
+        ...

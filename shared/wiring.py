@@ -88,10 +88,11 @@ class Runtime:
         from shared.domain.models import Backend
 
         endpoint = self.settings.tpu_endpoint
+        placement = self.settings.node_placement()  # the VMs' service account, network and firewall tag
         return MultiBackendTpu(
             {
-                Backend.TPU_API: GcpTpuApi(self.project, endpoint=endpoint),
-                Backend.COMPUTE_ENGINE: ComputeEngineTpu(self.project, endpoint=endpoint),
+                Backend.TPU_API: GcpTpuApi(self.project, endpoint=endpoint, placement=placement),
+                Backend.COMPUTE_ENGINE: ComputeEngineTpu(self.project, endpoint=endpoint, placement=placement),
             }
         )
 
@@ -174,6 +175,16 @@ class Runtime:
             topic_node_tasks=self.settings.topic_node_tasks,
         )
         return Benchmarker(self.store, self.bus, self.clock, scheduler=self.scheduler, settings=settings)
+
+    @cached_property
+    def node_tasks(self) -> Any:
+        """The node-task service: records restart and log-tail requests, dispatches them, stores the answers."""
+        from shared.services.node_tasks import NodeTasks, NodeTaskSettings
+
+        settings = NodeTaskSettings(
+            topic_node_tasks=self.settings.topic_node_tasks, answer_timeout_s=self.settings.node_task_timeout_s
+        )
+        return NodeTasks(self.store, self.bus, self.clock, settings)
 
     def close(self) -> None:
         """Close every port built so far that holds connections (tests and the local runner call it)."""

@@ -25,6 +25,10 @@ Billing Catalog subset (``/v1/services/6F81-5844-456A/skus``), on the same clock
     world.compute.status("us-east5-b", "vm-1")       # "PENDING", "RUNNING", ... or None (also instance())
     world.preempt("us-east5-b", instance="vm-1")     # a spot VM: STOPPING, then gone (termination action DELETE)
 
+It also answers the Cloud Quotas API's ``quotaInfos`` list and get for ``tpu.googleapis.com``
+(``/v1/projects/{p}/locations/global/services/tpu.googleapis.com/quotaInfos``), one QuotaInfo per quota id
+of the scenario's ``quotas:``; point ``CloudQuotas(project, endpoint=base_url)`` at it (``quotas_wire.py``).
+
 ``World(..., time_scale=60)`` makes virtual time run 60x the wall clock (the server's ticker keeps it
 moving); the default 0 moves time only on ``advance()`` so tests are deterministic. Admin HTTP calls
 live under ``/_sim/`` (state, clock, advance, capacity, preempt, reset, faults, invariants, billing,

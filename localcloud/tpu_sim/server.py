@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pydantic import ValidationError
 
 from localcloud.tpu_sim.compute_wire import COMPUTE_PREFIXES, compute_dispatch
+from localcloud.tpu_sim.quotas_wire import QUOTAS_PREFIX, quotas_dispatch
 from localcloud.tpu_sim.scenario import FaultSpec
 from localcloud.tpu_sim.wire import HTTP_STATUS_NAMES, SimApiError
 from localcloud.tpu_sim.world import World
@@ -297,6 +298,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._check_auth()
         if path.startswith(COMPUTE_PREFIXES):  # Compute Engine and Cloud Billing Catalog subsets
             return compute_dispatch(self.world, method, path, query, body)
+        if path.startswith(QUOTAS_PREFIX):  # Cloud Quotas API subset (quotaInfos of the scenario's quotas)
+            answered = quotas_dispatch(self.world, method, path, query)
+            if answered is not None:
+                return answered
         for route_method, pattern, name, handler in ROUTES:
             if route_method != method:
                 continue

@@ -1,7 +1,8 @@
 """``FirestoreStateStore``: the ``StateStore`` port on Cloud Firestore (google-cloud-firestore).
 
 Collections (each name can carry a ``prefix`` so tests and environments can share one database):
-``deployments``, ``commands``, ``leases``, ``samples``, ``benchmark_runs``, ``zone_memory``, ``rejected``.
+``deployments``, ``commands``, ``leases``, ``samples``, ``benchmark_runs``, ``node_tasks``, ``zone_memory``,
+``rejected``.
 Documents are the pydantic records as native maps; datetimes are Firestore timestamps, so the TTL policies on
 ``samples.expire_at`` and ``commands.expire_at`` (terraform) can expire them.
 
@@ -13,7 +14,8 @@ Errors: a transaction that keeps losing becomes ``ConflictError``; unavailable, 
 rate-limit answers become ``TransientError``; both are retried by the caller's message redelivery.
 
 Queries that need composite indexes in production: ``samples (deployment_id ASC, taken_at DESC)`` and
-``benchmark_runs (deployment_id ASC, created_at DESC)``. The emulator does not enforce them.
+``benchmark_runs (deployment_id ASC, created_at DESC)`` and ``node_tasks (deployment_id ASC, requested_at DESC)``.
+The emulator does not enforce them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from shared.domain.models import (
     DeploymentRecord,
     Lease,
     MonitorSample,
+    NodeTask,
     Phase,
     RejectedMessage,
     ZoneMemoryEntry,
@@ -58,7 +61,16 @@ __all__ = ["COLLECTIONS", "TRANSACTION_MAX_ATTEMPTS", "FirestoreStateStore", "ma
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-COLLECTIONS = ("deployments", "commands", "leases", "samples", "benchmark_runs", "zone_memory", "rejected")
+COLLECTIONS = (
+    "deployments",
+    "commands",
+    "leases",
+    "samples",
+    "benchmark_runs",
+    "node_tasks",
+    "zone_memory",
+    "rejected",
+)
 TRANSACTION_MAX_ATTEMPTS = 30
 
 
@@ -316,6 +328,52 @@ class FirestoreStateStore:
         query = query.order_by("created_at", direction=firestore.Query.DESCENDING).limit(check_limit(limit))
         with mapped_firestore_errors("list_benchmark_runs"):
             return [from_document(BenchmarkRun, s.to_dict() or {}) for s in query.stream()]
+
+    # Node tasks
+
+    def create_node_task(self, task: NodeTask) -> tuple[bool, NodeTask]:
+        """Create-if-absent on ``task_id``: a redelivered request does not act twice."""
+        ref = self._collection("node_tasks").document(_document_id("task_id", task.task_id))
+        with mapped_firestore_errors("create_node_task"):
+            try:
+                ref.create(to_document(task))
+            except gexc.AlreadyExists:
+                return False, _snapshot_model(NodeTask, ref.get()) or as_stored(task)
+        return True, as_stored(task)
+
+    def update_node_task(self, task: NodeTask, *, expected_status: str | None = None) -> bool:
+        """Replace a stored task (only while its status is ``expected_status``, when given), in one transaction."""
+        ref = self._collection("node_tasks").document(_document_id("task_id", task.task_id))
+
+        @firestore.transactional
+        def update(transaction: firestore.Transaction) -> bool:
+            snapshot = ref.get(transaction=transaction)
+            if not snapshot.exists:
+                raise LookupError(f"task_id {task.task_id!r}: no such node task; create_node_task it first")
+            if expected_status is not None and snapshot.get("status") != expected_status:
+                return False
+            transaction.set(ref, to_document(task))
+            return True
+
+        with mapped_firestore_errors("update_node_task"):
+            written: bool = update(self._transaction())
+        return written
+
+    def get_node_task(self, task_id: str) -> NodeTask | None:
+        ref = self._collection("node_tasks").document(_document_id("task_id", task_id))
+        with mapped_firestore_errors("get_node_task"):
+            return _snapshot_model(NodeTask, ref.get())
+
+    def list_node_tasks(self, deployment_id: str, limit: int = 20) -> list[NodeTask]:
+        """Newest ``requested_at`` first."""
+        query = (
+            self._collection("node_tasks")
+            .where(filter=firestore.FieldFilter("deployment_id", "==", deployment_id))
+            .order_by("requested_at", direction=firestore.Query.DESCENDING)
+            .limit(check_limit(limit))
+        )
+        with mapped_firestore_errors("list_node_tasks"):
+            return [from_document(NodeTask, s.to_dict() or {}) for s in query.stream()]
 
     # Zone memory
 

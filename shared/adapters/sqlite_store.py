@@ -40,6 +40,7 @@ from shared.domain.models import (
     DeploymentRecord,
     Lease,
     MonitorSample,
+    NodeTask,
     Phase,
     RejectedMessage,
     ZoneMemoryEntry,
@@ -89,6 +90,14 @@ CREATE TABLE IF NOT EXISTS benchmark_runs (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS benchmark_runs_deployment ON benchmark_runs (deployment_id, created_at_us);
+CREATE TABLE IF NOT EXISTS node_tasks (
+    task_id TEXT PRIMARY KEY,
+    deployment_id TEXT NOT NULL,
+    requested_at_us INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS node_tasks_deployment ON node_tasks (deployment_id, requested_at_us);
 CREATE TABLE IF NOT EXISTS zone_memory (
     key TEXT PRIMARY KEY,
     body TEXT NOT NULL
@@ -388,6 +397,49 @@ class SqliteStateStore:
                 (deployment_id, deployment_id, check_limit(limit)),
             ).fetchall()
         return [_loads(BenchmarkRun, body) for (body,) in rows]
+
+    # Node tasks
+
+    def create_node_task(self, task: NodeTask) -> tuple[bool, NodeTask]:
+        """Create-if-absent on ``task_id``: a redelivered request does not act twice."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                "INSERT OR IGNORE INTO node_tasks (task_id, deployment_id, requested_at_us, status, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (task.task_id, task.deployment_id, micros(task.requested_at), task.status, _dumps(task)),
+            )
+            created = cursor.rowcount == 1
+            (body,) = conn.execute("SELECT body FROM node_tasks WHERE task_id = ?", (task.task_id,)).fetchone()
+        return created, _loads(NodeTask, body)
+
+    def update_node_task(self, task: NodeTask, *, expected_status: str | None = None) -> bool:
+        """Replace a stored task (only while its status is ``expected_status``, when given)."""
+        with self._write() as conn:
+            row = conn.execute("SELECT status FROM node_tasks WHERE task_id = ?", (task.task_id,)).fetchone()
+            if row is None:
+                raise LookupError(f"task_id {task.task_id!r}: no such node task; create_node_task it first")
+            if expected_status is not None and row[0] != expected_status:
+                return False
+            conn.execute(
+                "UPDATE node_tasks SET deployment_id = ?, requested_at_us = ?, status = ?, body = ? WHERE task_id = ?",
+                (task.deployment_id, micros(task.requested_at), task.status, _dumps(task), task.task_id),
+            )
+        return True
+
+    def get_node_task(self, task_id: str) -> NodeTask | None:
+        with self._read() as conn:
+            row = conn.execute("SELECT body FROM node_tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return _loads(NodeTask, row[0]) if row else None
+
+    def list_node_tasks(self, deployment_id: str, limit: int = 20) -> list[NodeTask]:
+        """Newest ``requested_at`` first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT body FROM node_tasks WHERE deployment_id = ? ORDER BY requested_at_us DESC, task_id DESC "
+                "LIMIT ?",
+                (deployment_id, check_limit(limit)),
+            ).fetchall()
+        return [_loads(NodeTask, body) for (body,) in rows]
 
     # Zone memory
 

@@ -1,4 +1,4 @@
-"""The node agent: runs benchmarks next to vLLM on the TPU VM and publishes what it measured.
+"""The node agent: runs benchmarks next to vLLM on the TPU VM, restarts and tails the vLLM container, reports.
 
 Run it as ``python -m shared.bench.node_agent`` (the startup script does, with the ``TPUCTL_*`` variables of
 ``shared.domain.serving_plan.NODE_AGENT_ENV_NAMES``; the local cloud's node runtime does too). It:
@@ -7,12 +7,22 @@ Run it as ``python -m shared.bench.node_agent`` (the startup script does, with t
 2. reports runs a previous process left ``running`` as failed, with that cause, and publishes any result not
    yet published (``shared.bench.journal``);
 3. publishes ``node.booted`` with the machine's details (``shared.bench.system_info``);
-4. pulls ``benchmark.run`` dispatches from its own subscription on the node-tasks topic, filtered on
-   ``attributes.deployment_id``; a dispatch is written to the journal and acked, then run, one at a time;
-   a redelivered run id is acked without running twice;
-5. runs the load generator against the local vLLM (``shared.bench.loadgen``), keeps the per-request records in a
-   JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status, structured result, cause
-   of failure) on the events topic, retrying the publish until the bus takes it.
+4. pulls ``benchmark.run``, ``serving.restart`` and ``serving.logs`` from its own subscription on the node-tasks
+   topic, filtered on ``attributes.deployment_id``, on a background thread, so a node task is carried out while a
+   benchmark runs; a dispatch or task is written to its journal and acked, then carried out; a redelivered id
+   (runs and tasks alike, across agent restarts) is acked without doing anything twice;
+5. runs the load generator against the local vLLM (``shared.bench.loadgen``), one run at a time, keeps the
+   per-request records in a JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status,
+   structured result, cause of failure) on the events topic, retrying the publish until the bus takes it;
+6. carries out node tasks through the Docker Engine API (``shared.adapters.docker_engine``; the local cloud
+   serves the same API over its vLLM process) and answers each with ``node.task_completed``, retried likewise:
+
+   * ``serving.restart`` stops a run in progress first (reported failed: "serving restart requested: ..."),
+     then restarts the container. A request issued before the container's current ``StartedAt`` is answered
+     "already restarted at ...; nothing done", so a late or duplicated delivery never restarts twice;
+   * ``serving.logs`` returns the newest N lines, stripped of terminal escapes and control characters, with
+     secrets redacted (registered ones, the API key, token-shaped strings), each cut to 2000 characters, and the
+     oldest dropped until the event fits one message.
 
 SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
 during the run"), publish that and exit. The API key is read from a file and never logged.
@@ -27,38 +37,46 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bench.journal import AgentLock, JournalEntry, RunJournal
+from shared.bench.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from shared.bench.loadgen import LoadGenerator, Target
 from shared.bench.system_info import boot_id, system_info
 from shared.config import Settings
-from shared.domain.errors import InvalidMessage, PermanentError
+from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
+from shared.logging import redact, scrub_untrusted
 from shared.messages import (
     MAX_MESSAGE_BYTES,
     BenchmarkCompleted,
     NodeBooted,
+    NodeTaskCompleted,
+    RestartServing,
     RunBenchmark,
+    TailServingLogs,
     decode_message,
     encode_message,
     message_attributes,
 )
-from shared.ports import Clock, CommandBus, Delivery
+from shared.ports import Clock, CommandBus, Delivery, ServingContainer
 
 __all__ = [
+    "SERVING_CONTAINER_NAME",
     "NodeAgent",
     "NodeAgentSettings",
     "RunControl",
     "RunOutcome",
     "VllmRunner",
+    "clean_log_line",
+    "fit_lines",
     "main",
     "node_subscription",
     "shrink_result",
@@ -69,6 +87,10 @@ log = logging.getLogger("tpuctl.node_agent")
 _ID_NAMESPACE = uuid.UUID("0c8f5f6e-3a1d-4e0b-9d43-6b2f1c7e9a55")
 _STOP_GRACE_S = 5.0
 _RESULT_BUDGET_BYTES = MAX_MESSAGE_BYTES - 4096  # room for the envelope
+SERVING_CONTAINER_NAME = "tpuctl-vllm"
+"""The vLLM container's name: the startup script's ``CONTAINER`` (``StartupScriptInputs.container_name``)."""
+MAX_LINE_CHARS = 2000
+_RUN_STOP_WAIT_S = _STOP_GRACE_S * 6  # how long a restart waits for a stopped run to wind down
 
 
 class NodeAgentSettings(BaseSettings):
@@ -88,6 +110,13 @@ class NodeAgentSettings(BaseSettings):
     )
     node_name: str = Field(default_factory=socket.gethostname, description="This node's name in events.")
     node_poll_s: float = Field(default=1.0, gt=0, le=60, description="How long one pull waits for a dispatch.")
+    node_docker_host: str = Field(
+        default="unix:///var/run/docker.sock", description="The Docker Engine API the vLLM container runs under."
+    )
+    node_container: str = Field(default=SERVING_CONTAINER_NAME, description="The vLLM container's name.")
+    node_restart_timeout_s: float = Field(
+        default=30.0, ge=0, le=600, description="Seconds vLLM gets to stop on a restart before SIGKILL."
+    )
 
 
 def node_subscription(deployment_id: str) -> str:
@@ -153,7 +182,7 @@ class VllmRunner:
 
 
 class NodeAgent:
-    """Receives dispatches for one deployment, runs them one at a time, reports each exactly once."""
+    """Receives dispatches and node tasks for one deployment, carries each out once, reports each exactly once."""
 
     def __init__(
         self,
@@ -168,6 +197,10 @@ class NodeAgent:
         events_topic: str = "tpuctl-events",
         system: Callable[[], dict[str, Any]] = system_info,
         boot: Callable[[], str | None] = boot_id,
+        container: ServingContainer | None = None,
+        tasks: TaskJournal | None = None,
+        api_key: str | None = None,
+        restart_timeout_s: float = 30.0,
     ) -> None:
         self.bus = bus
         self.deployment_id = deployment_id
@@ -183,6 +216,12 @@ class NodeAgent:
         self._booted_published = False
         self.control: RunControl | None = None
         self.stopping = threading.Event()
+        self.container = container
+        self.tasks = tasks if tasks is not None else TaskJournal(journal.directory)
+        self.restart_timeout_s = restart_timeout_s
+        self._api_key = api_key
+        self._serving = threading.Lock()  # held by a benchmark run and by a restart: never both at once
+        self._work = threading.Event()  # set by the puller when a run was accepted
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -198,6 +237,7 @@ class NodeAgent:
         recovered = self.recover()
         self.publish_booted()
         self.publish_pending()
+        self.publish_pending_tasks()
         return recovered
 
     def recover(self) -> list[str]:
@@ -214,15 +254,33 @@ class NodeAgent:
         return recovered
 
     def serve(self, stop: threading.Event, *, poll_s: float = 1.0) -> None:
-        """Until ``stop`` is set: publish what is pending, run what is accepted, else wait for a dispatch."""
+        """Until ``stop`` is set: pull and carry out node tasks on a thread; here, publish and run benchmarks."""
+        puller = threading.Thread(target=self.pull_loop, args=(stop, poll_s), name="node-agent-pull", daemon=True)
+        puller.start()
+        try:
+            while not stop.is_set():
+                self.publish_booted()
+                self.publish_pending()
+                if stop.is_set():
+                    return
+                if self.run_next():
+                    continue
+                self._work.wait(timeout=poll_s)
+                self._work.clear()
+        finally:
+            stop.set()
+            puller.join(timeout=poll_s + self.restart_timeout_s + 90)
+
+    def pull_loop(self, stop: threading.Event, poll_s: float = 1.0) -> None:
+        """The puller: receive, carry out node tasks, publish their answers; never dies of one bad round."""
         while not stop.is_set():
-            self.publish_booted()
-            self.publish_pending()
-            if stop.is_set():
-                return
-            if self.run_next():
-                continue
-            self.poll_once(timeout_s=poll_s)
+            try:
+                self.poll_once(timeout_s=poll_s)
+                self.handle_tasks()
+                self.publish_pending_tasks()
+            except Exception:  # the bus or the disk failed this round: wait a little, then go on
+                log.exception("node task round failed")
+                stop.wait(poll_s)
 
     def request_stop(self, reason: str) -> None:
         """Stop serving; a run in progress is stopped and reported failed with ``reason``."""
@@ -241,13 +299,100 @@ class NodeAgent:
         except InvalidMessage as exc:
             log.warning("dropped an unreadable dispatch %s: %s", delivery.message_id, exc)
             return
-        if not isinstance(message, RunBenchmark) or message.deployment_id != self.deployment_id:
+        known = isinstance(message, RunBenchmark | RestartServing | TailServingLogs)
+        if not known or message.deployment_id != self.deployment_id:
             log.warning("dropped a %s for %s", getattr(message, "kind", "?"), getattr(message, "deployment_id", "?"))
             return
-        if self.journal.accept(message.command_id, delivery.data.decode("utf-8"), self._now()):
+        body = delivery.data.decode("utf-8")
+        if isinstance(message, RestartServing | TailServingLogs):
+            action: Literal["restart", "logs"] = "restart" if isinstance(message, RestartServing) else "logs"
+            if self.tasks.accept(message.command_id, action, body, self._now()):
+                log.info("accepted %s task %s", action, message.command_id)
+            else:
+                log.info("%s task %s was already accepted; redelivery acked", action, message.command_id)
+            return
+        if self.journal.accept(message.command_id, body, self._now()):
             log.info("accepted run %s", message.command_id)
+            self._work.set()
         else:
             log.info("run %s was already accepted; redelivery acked", message.command_id)
+
+    # --- node tasks --------------------------------------------------------------------------------------------
+
+    def handle_tasks(self) -> int:
+        """Carry out every accepted node task, oldest first; returns how many were carried out."""
+        done = 0
+        for entry in self.tasks.waiting():
+            if self.stopping.is_set():
+                break
+            status, detail, lines = self._carry_out(entry)
+            self.tasks.finish(entry.task_id, status, self._now(), detail=detail[:2000], lines=lines)
+            log.info("%s task %s %s: %s", entry.action, entry.task_id, status, detail[:300])
+            done += 1
+        return done
+
+    def _carry_out(self, entry: TaskEntry) -> tuple[Literal["completed", "failed"], str, list[str]]:
+        try:
+            message = decode_message(entry.message)
+        except InvalidMessage as exc:
+            return "failed", f"unreadable task: {exc}", []
+        if self.container is None:
+            return "failed", "this node agent has no serving container configured (TPUCTL_NODE_CONTAINER)", []
+        try:
+            if isinstance(message, RestartServing):
+                return self._restart(message, self.container)
+            if isinstance(message, TailServingLogs):
+                return "completed", "", self._tail(message.lines, self.container)
+        except ControllerError as exc:
+            kind = "retrying may help" if not isinstance(exc, PermanentError) else "retrying will not help"
+            return "failed", redact(f"{exc} ({kind})"), []
+        except Exception as exc:  # a failed task is an answer to send, never a reason for the puller to die
+            log.exception("%s task %s failed", entry.action, entry.task_id)
+            return "failed", redact(f"{type(exc).__name__}: {exc}"), []
+        return "failed", f"not a node task: {getattr(message, 'kind', '?')}", []
+
+    def _restart(
+        self, message: RestartServing, container: ServingContainer
+    ) -> tuple[Literal["completed", "failed"], str, list[str]]:
+        before = container.inspect()
+        if before.started_at is not None and message.issued_at < before.started_at:
+            return (
+                "completed",
+                f"already restarted at {before.started_at.isoformat()} (after this request was issued at "
+                f"{message.issued_at.isoformat()}); nothing done",
+                [],
+            )
+        held, stopped_run = self._hold_serving(f"serving restart requested: {message.reason or 'no reason given'}")
+        try:
+            after = container.restart(self.restart_timeout_s)
+        finally:
+            if held:
+                self._serving.release()
+        started = after.started_at.isoformat() if after.started_at else "unknown"
+        return (
+            "completed",
+            f"restarted {after.name}: was {before.status} (pid {before.pid}), now {after.status} (pid {after.pid}) "
+            f"since {started}" + ("; the benchmark run in progress was stopped" if stopped_run else ""),
+            [],
+        )
+
+    def _hold_serving(self, cause: str) -> tuple[bool, bool]:
+        """Take the serving lock, stopping the run that holds it; returns (held, whether a run was stopped)."""
+        stopped_run = False
+        deadline = time.monotonic() + _RUN_STOP_WAIT_S
+        while not self._serving.acquire(timeout=0.2):
+            control = self.control
+            if control is not None and not control.stopping.is_set():
+                log.warning("stopping the benchmark run in progress: %s", cause)
+                control.stop(cause)
+                stopped_run = True
+            if time.monotonic() > deadline:
+                log.warning("the run did not stop within %.0f s; restarting anyway", _RUN_STOP_WAIT_S)
+                return False, stopped_run
+        return True, stopped_run
+
+    def _tail(self, lines: int, container: ServingContainer) -> list[str]:
+        return [clean_log_line(line, self._api_key) for line in container.tail(lines)][-lines:]
 
     # --- running -----------------------------------------------------------------------------------------------
 
@@ -256,7 +401,8 @@ class NodeAgent:
         entry = self.journal.next_accepted()
         if entry is None or self.stopping.is_set():
             return False
-        self._run(entry)
+        with self._serving:  # a restart in progress finishes first
+            self._run(entry)
         self.publish_pending()
         return True
 
@@ -354,7 +500,27 @@ class NodeAgent:
         self._booted_published = self._publish(event)
         return self._booted_published
 
-    def _publish(self, message: BenchmarkCompleted | NodeBooted) -> bool:
+    def publish_pending_tasks(self) -> int:
+        """Publish every node task answer the bus has not taken yet; returns how many went out."""
+        sent = 0
+        for entry in self.tasks.unpublished():
+            event = NodeTaskCompleted(
+                command_id=str(uuid.uuid5(_ID_NAMESPACE, f"{entry.task_id}/task_completed")),
+                issued_at=self.clock.now(),
+                deployment_id=self.deployment_id,
+                task_id=entry.task_id,
+                action=entry.action,
+                status="completed" if entry.state == "completed" else "failed",
+                detail=entry.detail[:2000],
+            )
+            event = fit_lines(event, entry.lines)
+            if not self._publish(event):
+                return sent
+            self.tasks.mark_published(entry.task_id)
+            sent += 1
+        return sent
+
+    def _publish(self, message: BenchmarkCompleted | NodeBooted | NodeTaskCompleted) -> bool:
         try:
             self.bus.publish(
                 self.events_topic, encode_message(message), message_attributes(message), ordering_key=self.deployment_id
@@ -385,6 +551,28 @@ def shrink_result(result: dict[str, Any], budget: int = _RESULT_BUDGET_BYTES) ->
     return slim
 
 
+def clean_log_line(text: str, api_key: str | None = None) -> str:
+    """A log line safe to send: no terminal escapes or control characters, secrets redacted, at most 2000 chars."""
+    return scrub_untrusted(text, MAX_LINE_CHARS, also_redact=api_key)[0]
+
+
+def fit_lines(event: NodeTaskCompleted, lines: list[str], budget: int = MAX_MESSAGE_BYTES) -> NodeTaskCompleted:
+    """``event`` with as many of the newest ``lines`` (500 at most) as fit in ``budget`` bytes, oldest dropped."""
+    kept = [line[:MAX_LINE_CHARS] for line in lines][-500:]
+    base = len(encode_message(event))
+    costs = [len(json.dumps(line, ensure_ascii=False).encode("utf-8")) + 1 for line in kept]
+    total = base + sum(costs) + 16
+    start = 0
+    while total > budget and start < len(kept):
+        total -= costs[start]
+        start += 1
+    while True:
+        candidate = event.model_copy(update={"lines": tuple(kept[start:])})
+        if len(encode_message(candidate)) <= budget or start >= len(kept):
+            return candidate
+        start += 1
+
+
 def _journal_dir(settings: Settings, agent: NodeAgentSettings) -> Path:
     if agent.node_journal_dir is not None:
         return agent.node_journal_dir
@@ -405,6 +593,7 @@ def _read_key(path: Path | None) -> str | None:
 
 def main() -> int:
     """Entry point of ``python -m shared.bench.node_agent``."""
+    from shared.adapters.docker_engine import DockerEngineContainer
     from shared.bench.datasets import find_tokenizer_file
     from shared.config import get_settings
     from shared.logging import configure_logging, register_secret
@@ -420,6 +609,7 @@ def main() -> int:
     lock.acquire()
     runtime = Runtime(settings)
     tokenizer = find_tokenizer_file(agent_settings.node_tokenizer) if agent_settings.node_tokenizer else None
+    container = DockerEngineContainer(agent_settings.node_docker_host, agent_settings.node_container)
     agent = NodeAgent(
         runtime.bus,
         deployment_id=agent_settings.deployment_id,
@@ -433,6 +623,9 @@ def main() -> int:
         node_tasks_topic=runtime.topic("node-tasks"),
         events_topic=runtime.topic("events"),
         system=lambda: system_info(environ=os.environ, disk_paths=(Path("/"), journal_dir)),
+        container=container,
+        api_key=api_key,
+        restart_timeout_s=agent_settings.node_restart_timeout_s,
     )
     stop = threading.Event()
 
@@ -448,6 +641,7 @@ def main() -> int:
         agent.serve(stop, poll_s=agent_settings.node_poll_s)
         agent.publish_pending()
     finally:
+        container.close()
         lock.release()
     return 0
 

@@ -29,6 +29,7 @@ __all__ = [
     "Lease",
     "MonitorSample",
     "NodeState",
+    "NodeTask",
     "Phase",
     "QueuedResourceState",
     "RejectedMessage",
@@ -400,6 +401,33 @@ class BenchmarkRun(BaseModel):
     error: str = ""
     created_at: UtcDateTime
     updated_at: UtcDateTime
+
+
+class NodeTask(BaseModel):
+    """One container-control request to a deployment's node agent (restart vLLM, tail its log) and its answer.
+
+    ``task_id`` is the request's ``command_id``. ``dispatched_at`` stays None until the request is on the
+    node-tasks topic, so a redelivery after a crash in between knows to publish it; ``lines`` hold the log tail
+    (already scrubbed of control characters and secrets) for ``logs`` tasks.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(min_length=1, max_length=100)
+    deployment_id: str
+    action: Literal["restart", "logs"]
+    status: Literal["dispatched", "completed", "failed"] = "dispatched"
+    reason: str = Field(default="", max_length=500)
+    requested_at: UtcDateTime
+    dispatched_at: UtcDateTime | None = None
+    finished_at: UtcDateTime | None = None
+    detail: str = Field(default="", max_length=2000)
+    lines: tuple[str, ...] = Field(default=(), max_length=500)
+
+    @property
+    def finished(self) -> bool:
+        """True once the node answered or the task was refused or timed out."""
+        return self.status != "dispatched"
 
 
 class ZoneMemoryEntry(BaseModel):

@@ -41,6 +41,8 @@ NODE_AGENT_ENV_NAMES = (
     "TPUCTL_NODE_VLLM_URL",
     "TPUCTL_NODE_API_KEY_FILE",
     "TPUCTL_NODE_SERVED_MODEL",
+    "TPUCTL_NODE_DOCKER_HOST",  # set by the startup script itself, with the Docker socket's mount
+    "TPUCTL_NODE_CONTAINER",  # likewise: the serving container's name (CONTAINER)
 )
 
 

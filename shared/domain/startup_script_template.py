@@ -56,6 +56,7 @@ readonly DOWNLOAD_SECRETS="${SECRETS_DIR}/download"
 readonly BOOT_LOG=/var/log/tpuctl-boot.log
 readonly GUEST_ATTRIBUTES=http://metadata.google.internal/computeMetadata/v1/instance/guest-attributes/tpuctl
 readonly AGENT_CONTAINER=tpuctl-node-agent
+readonly DOCKER_SOCKET=/var/run/docker.sock
 # Runs inside the download container; the model id and revision arrive as argv words, never as code.
 readonly DOWNLOAD_PY='import sys
 from huggingface_hub import snapshot_download
@@ -180,7 +181,8 @@ start_vllm() {
 }
 
 # The node agent (python -m shared.bench.node_agent) runs from the pinned image's Python with tpuctl
-# installed into a host directory; it reads the API key from the same mounted file as vLLM.
+# installed into a host directory; it reads the API key from the same mounted file as vLLM. It restarts and
+# tails the serving container (serving.restart, serving.logs) through the Docker socket mounted into it.
 start_node_agent() {
   if [[ -z "${NODE_AGENT_REQUIREMENT}" ]]; then
     progress node-agent "not configured"
@@ -195,7 +197,9 @@ start_node_agent() {
   docker rm -f "${AGENT_CONTAINER}" >/dev/null 2>&1 || true
   docker run -d --name "${AGENT_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
     --restart unless-stopped --net=host -v "${AGENT_DIR}:/opt/tpuctl:ro" \
-    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" --env PYTHONPATH=/opt/tpuctl/lib "${NODE_AGENT_ENV[@]}" \
+    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${DOCKER_SOCKET}:${DOCKER_SOCKET}" \
+    --env PYTHONPATH=/opt/tpuctl/lib --env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}" \
+    --env "TPUCTL_NODE_CONTAINER=${CONTAINER}" "${NODE_AGENT_ENV[@]}" \
     --entrypoint python3 "${IMAGE}" -m shared.bench.node_agent >/dev/null
   progress node-agent started
 }

@@ -8,35 +8,54 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from shared.adapters.clock import SystemClock
+from shared.adapters.docker_engine import DockerEngineContainer
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
-from shared.bench.journal import RunJournal
+from shared.bench.journal import JournalEntry, RunJournal, TaskJournal
 from shared.bench.loadgen import Target
-from shared.bench.node_agent import NodeAgent, VllmRunner, node_subscription
+from shared.bench.node_agent import (
+    _ID_NAMESPACE,
+    NodeAgent,
+    VllmRunner,
+    clean_log_line,
+    fit_lines,
+    node_subscription,
+)
 from shared.bench.stub_server import StubBehaviour, StubProcess, spawn_stub
+from shared.domain.errors import TransientError
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase, Tier
 from shared.messages import (
+    MAX_MESSAGE_BYTES,
     BenchmarkCompleted,
     BenchmarkRequest,
     NodeBooted,
+    NodeTaskCompleted,
+    RestartServing,
     RunBenchmark,
+    TailServingLogs,
     decode_message,
+    encode_message,
+    message_attributes,
     new_command_id,
 )
-from shared.ports import Delivery
+from shared.ports import CommandBus, Delivery, Handler
 from shared.services.benchmarker import Benchmarker
 from tests.support.builders import spec_dict
+from tests.support.serving_container import StandIn, serve_stand_in
 
 EVENTS, NODE_TASKS = "tpuctl-events", "tpuctl-node-tasks"
 
@@ -259,3 +278,291 @@ class TestProcess:
 
     def test_node_subscription_is_per_deployment(self) -> None:
         assert node_subscription("gemma-a") == "tpuctl-node-gemma-a"
+
+
+# --- node tasks: serving.restart and serving.logs through the Docker Engine API twin ---------------------------
+
+
+class OutageBus:
+    """A ``LocalBus`` whose publishing can be switched off, as during a Pub/Sub outage (pulling still works)."""
+
+    def __init__(self, inner: LocalBus) -> None:
+        self.inner = inner
+        self.down = False
+
+    def ensure_topic(self, topic: str) -> None:
+        self.inner.ensure_topic(topic)
+
+    def ensure_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        filter: str | None = None,
+        dead_letter_topic: str | None = None,
+        max_delivery_attempts: int = 5,
+    ) -> None:
+        self.inner.ensure_subscription(
+            topic,
+            subscription,
+            filter=filter,
+            dead_letter_topic=dead_letter_topic,
+            max_delivery_attempts=max_delivery_attempts,
+        )
+
+    def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str], *, ordering_key: str | None = None
+    ) -> str:
+        if self.down:
+            raise TransientError("publish: the bus is unavailable")
+        return self.inner.publish(topic, data, attributes, ordering_key=ordering_key)
+
+    def pull(self, subscription: str, handler: Handler, *, max_messages: int = 10, timeout_s: float = 1.0) -> int:
+        return self.inner.pull(subscription, handler, max_messages=max_messages, timeout_s=timeout_s)
+
+
+def _send_task(bus: LocalBus, message: RestartServing | TailServingLogs) -> None:
+    """As the control plane re-publishes a node task: the body unchanged, routing attributes set."""
+    bus.publish(NODE_TASKS, encode_message(message), message_attributes(message), ordering_key=message.deployment_id)
+
+
+def _restart(reason: str = "wedged", issued_at: datetime | None = None) -> RestartServing:
+    return RestartServing(
+        command_id=new_command_id(), issued_at=issued_at or datetime.now(UTC), deployment_id="gemma-a", reason=reason
+    )
+
+
+TaskAgentFactory = Callable[..., NodeAgent]
+
+
+@pytest.fixture
+def task_agent() -> Iterator[TaskAgentFactory]:
+    """Builds agents wired to a Docker Engine API; their engine clients are closed after the test."""
+    engines: list[DockerEngineContainer] = []
+
+    def build(
+        bus: CommandBus,
+        journal_dir: Path,
+        url: str,
+        docker_host: str,
+        *,
+        api_key: str | None = None,
+        name: str = "tpuctl-vllm",
+    ) -> NodeAgent:
+        engine = DockerEngineContainer(docker_host, name, timeout_s=10)
+        engines.append(engine)
+        return NodeAgent(
+            bus,
+            deployment_id="gemma-a",
+            node_name="node-1",
+            journal=RunJournal(journal_dir),
+            runner=VllmRunner(Target(url)),
+            clock=SystemClock(),
+            system=lambda: {"cpu_model": "test cpu", "cpus": 2, "accelerator": None},
+            boot=lambda: "boot-1",
+            container=engine,
+            api_key=api_key,
+            restart_timeout_s=5,
+        )
+
+    try:
+        yield build
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+def _answers(bus: LocalBus) -> list[NodeTaskCompleted]:
+    return [event for event in _events(bus) if isinstance(event, NodeTaskCompleted)]
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[StandIn]:
+    with serve_stand_in(tmp_path / "container") as served:
+        yield served
+
+
+class TestNodeTasks:
+    def test_a_restart_during_a_run_stops_the_run_then_replaces_the_container(
+        self, task_agent: TaskAgentFactory, bus: LocalBus, tmp_path: Path, slow_stub: StubProcess, stand_in: StandIn
+    ) -> None:
+        agent = task_agent(bus, tmp_path / "node", slow_stub.base_url, stand_in.docker_host)
+        agent.start()
+        stop = threading.Event()
+        serving = threading.Thread(target=agent.serve, args=(stop,), kwargs={"poll_s": 0.2}, daemon=True)
+        serving.start()
+        try:
+            run = _dispatch(bus, BenchmarkRequest(concurrency=(1,), num_prompts=200, input_len=4, output_len=4))
+            _wait(lambda: (agent.journal.get(run.command_id) or _NO_ENTRY).state == "running", timeout_s=15)
+            old_pid = stand_in.starts[0].pid
+            request = _restart("engine wedged")
+            _send_task(bus, request)
+            _wait(lambda: bus.backlog("test-events") >= 3, timeout_s=30)  # booted, the run, the answer
+        finally:
+            stop.set()
+            serving.join(timeout=30)
+        assert not serving.is_alive()
+        events = _events(bus)
+        completed = [event for event in events if isinstance(event, BenchmarkCompleted)]
+        assert [(event.run_id, event.status) for event in completed] == [(run.command_id, "failed")]
+        assert "serving restart requested: engine wedged" in completed[0].error
+        answers = [event for event in events if isinstance(event, NodeTaskCompleted)]
+        assert [(a.task_id, a.action, a.status) for a in answers] == [(request.command_id, "restart", "completed")]
+        assert "the benchmark run in progress was stopped" in answers[0].detail
+        assert stand_in.container.restarts == 1
+        assert not stand_in.starts[0].alive() and stand_in.starts[1].alive()
+        assert f"(pid {old_pid})" in answers[0].detail and f"(pid {stand_in.starts[1].pid})" in answers[0].detail
+
+    def test_duplicate_and_stale_restarts_change_nothing_even_across_agent_restarts(
+        self, task_agent: TaskAgentFactory, bus: LocalBus, tmp_path: Path, stand_in: StandIn
+    ) -> None:
+        agent = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", stand_in.docker_host)
+        agent.start()
+        first = _restart("first")
+        _send_task(bus, first)
+        agent.poll_once(timeout_s=1)
+        assert agent.handle_tasks() == 1
+        assert stand_in.container.restarts == 1
+        _send_task(bus, first)  # a redelivery of the same task
+        assert agent.poll_once(timeout_s=1) == 1
+        assert agent.handle_tasks() == 0
+        late = _restart("sent before the first restart happened", issued_at=first.issued_at)
+        _send_task(bus, late)
+        agent.poll_once(timeout_s=1)
+        assert agent.handle_tasks() == 1
+        assert stand_in.container.restarts == 1
+        assert agent.publish_pending_tasks() == 2
+        answers = _answers(bus)
+        assert [(a.task_id, a.status) for a in answers] == [
+            (first.command_id, "completed"),
+            (late.command_id, "completed"),
+        ]
+        assert answers[0].detail.startswith("restarted tpuctl-vllm")
+        assert "; nothing done" in answers[1].detail and answers[1].detail.startswith("already restarted at ")
+        # a new agent process on the same journal remembers the task ids
+        again = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", stand_in.docker_host)
+        again.start()
+        _send_task(bus, first)
+        assert again.poll_once(timeout_s=1) == 1
+        assert again.handle_tasks() == 0
+        assert again.publish_pending_tasks() == 0
+        assert stand_in.container.restarts == 1
+        assert [e for e in _events(bus) if isinstance(e, NodeTaskCompleted)] == []
+
+    def test_a_log_tail_is_cleaned_and_redacts_secrets(
+        self, task_agent: TaskAgentFactory, bus: LocalBus, tmp_path: Path
+    ) -> None:
+        canary = "hf_" + "CanaryTailToken" + "x7" * 10
+        api_key = "agent-key-" + secrets.token_hex(8)
+        lines = (
+            f"downloading with token {canary} now",
+            "\x1b[31mred\x1b[0m text\x07 with a bell\u202e",
+            f"Authorization: Bearer {api_key}",
+            "y" * 5000,
+        )
+        with serve_stand_in(tmp_path / "container", lines=lines) as served:
+            agent = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", served.docker_host, api_key=api_key)
+            agent.start()
+            _wait(lambda: len(served.container.log_lines(10)) >= 5)
+            request = TailServingLogs(
+                command_id=new_command_id(), issued_at=datetime.now(UTC), deployment_id="gemma-a", lines=4
+            )
+            _send_task(bus, request)
+            agent.poll_once(timeout_s=1)
+            agent.handle_tasks()
+            assert agent.publish_pending_tasks() == 1
+        (answer,) = _answers(bus)
+        assert (answer.task_id, answer.action, answer.status) == (request.command_id, "logs", "completed")
+        text = "\n".join(answer.lines)
+        assert len(answer.lines) == 4
+        assert canary not in text and api_key not in text
+        assert "downloading with token [REDACTED] now" in answer.lines[0]
+        assert answer.lines[1].endswith("red text with a bell")
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert len(answer.lines[3]) == 2000
+        stamp = answer.lines[0].split(" ", 1)[0]
+        assert stamp.endswith("Z") and stamp[:4].isdigit()  # Docker's timestamps=1 prefix
+
+    def test_an_answer_waits_for_the_bus_and_goes_out_once(
+        self, task_agent: TaskAgentFactory, tmp_path: Path, stand_in: StandIn
+    ) -> None:
+        inner = _bus(tmp_path / "bus.sqlite")
+        try:
+            bus = OutageBus(inner)
+            agent = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", stand_in.docker_host)
+            agent.start()
+            bus.down = True
+            request = TailServingLogs(
+                command_id=new_command_id(), issued_at=datetime.now(UTC), deployment_id="gemma-a", lines=5
+            )
+            _send_task(inner, request)
+            agent.poll_once(timeout_s=1)
+            assert agent.handle_tasks() == 1
+            assert agent.publish_pending_tasks() == 0  # the bus is down: kept for the next round
+            entry = agent.tasks.get(request.command_id)
+            assert entry is not None and not entry.published
+            bus.down = False
+            assert agent.publish_pending_tasks() == 1
+            assert agent.publish_pending_tasks() == 0
+            (answer,) = _answers(inner)
+            assert answer.command_id == str(uuid.uuid5(_ID_NAMESPACE, f"{request.command_id}/task_completed"))
+            assert any("boot 1" in line for line in answer.lines)
+        finally:
+            inner.close()
+
+    def test_a_missing_container_is_answered_failed_with_the_setting_to_fix(
+        self, task_agent: TaskAgentFactory, bus: LocalBus, tmp_path: Path, stand_in: StandIn
+    ) -> None:
+        agent = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", stand_in.docker_host, name="not-there")
+        agent.start()
+        request = _restart()
+        _send_task(bus, request)
+        agent.poll_once(timeout_s=1)
+        agent.handle_tasks()
+        agent.publish_pending_tasks()
+        (answer,) = _answers(bus)
+        assert answer.status == "failed"
+        assert "node_container: no container named 'not-there'" in answer.detail
+        assert "retrying will not help" in answer.detail
+        assert stand_in.container.restarts == 0
+
+    def test_a_tail_too_big_for_one_message_drops_the_oldest_lines(self) -> None:
+        event = NodeTaskCompleted(
+            command_id=new_command_id(),
+            issued_at=datetime.now(UTC),
+            deployment_id="gemma-a",
+            task_id=new_command_id(),
+            action="logs",
+            status="completed",
+        )
+        lines = [f"{n:04d} " + "z" * 1990 for n in range(500)]
+        fitted = fit_lines(event, lines)
+        assert len(encode_message(fitted)) <= MAX_MESSAGE_BYTES
+        assert fitted.lines[-1] == lines[-1]
+        assert 0 < len(fitted.lines) < 500
+        assert fitted.lines[0] == lines[500 - len(fitted.lines)]
+        assert fit_lines(event, ["short"]).lines == ("short",)
+
+    def test_clean_log_line_keeps_ordinary_text(self) -> None:
+        assert clean_log_line("INFO 12-02 18:00:01 [api_server.py:1] Started server\ttab") == (
+            "INFO 12-02 18:00:01 [api_server.py:1] Started server tab"
+        )
+
+
+_NO_ENTRY = JournalEntry(run_id="", state="accepted", message="", accepted_at="")
+
+
+def test_the_task_journal_survives_a_reopen_and_moves_a_broken_file_aside(tmp_path: Path) -> None:
+    journal = TaskJournal(tmp_path)
+    assert journal.accept("task-1", "logs", "{}", "2026-12-02T12:00:00+00:00") is True
+    journal.finish("task-1", "completed", "2026-12-02T12:00:01+00:00", detail="", lines=["a", "b"])
+    reopened = TaskJournal(tmp_path)
+    assert reopened.accept("task-1", "logs", "{}", "2026-12-02T12:00:02+00:00") is False
+    assert [entry.lines for entry in reopened.unpublished()] == [["a", "b"]]
+    reopened.mark_published("task-1")
+    entry = TaskJournal(tmp_path).get("task-1")
+    assert entry is not None and entry.published and entry.lines == []  # the answer is out: lines not kept
+    (tmp_path / "tasks.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(RuntimeError, match=r"task journal: .*tasks\.json was unreadable"):
+        TaskJournal(tmp_path)
+    assert (tmp_path / "tasks.broken").is_file()

@@ -95,7 +95,8 @@ def test_compute_engine_instances_carry_the_same_placement(compute_sim_factory: 
     lab.advance(600)
     running = lab.world.compute.instance(ZONE, "dep-a-g1-a0")
     assert running is not None and running["status"] == "RUNNING"
-    assert not running["networkInterfaces"][0].get("accessConfigs")  # no external IP: the VM reaches out through Cloud NAT
+    # no external IP: the VM reaches out through Cloud NAT
+    assert not running["networkInterfaces"][0].get("accessConfigs")
     assert body["serviceAccounts"][0]["email"] == ACCOUNT
     assert body["tags"]["items"] == ["tpuctl-node"]
 

@@ -27,6 +27,7 @@ from shared.domain.models import (
     DeploymentStatus,
     Lease,
     MonitorSample,
+    NodeTask,
     Phase,
     RejectedMessage,
     Tier,
@@ -334,6 +335,45 @@ class TestBenchmarkRuns:
         with pytest.raises(LookupError, match="run-404"):
             store.update_benchmark_run(a_run("run-404", "gemma-a", T0))
         assert store.get_benchmark_run("run-404") is None
+
+
+def a_node_task(task_id: str, deployment_id: str, at: datetime, *, action: str = "logs") -> NodeTask:
+    return NodeTask.model_validate(
+        {"task_id": task_id, "deployment_id": deployment_id, "action": action, "requested_at": at}
+    )
+
+
+class TestNodeTasks:
+    def test_tasks_are_created_once_updated_and_listed_newest_first(self, store: ContractStore) -> None:
+        first = a_node_task("task-1", "gemma-a", T0, action="restart")
+        assert store.create_node_task(first) == (True, first)
+        assert store.create_node_task(a_node_task("task-1", "gemma-a", T0 + timedelta(hours=1))) == (False, first)
+        store.create_node_task(a_node_task("task-2", "gemma-b", T0 + timedelta(minutes=1)))
+        store.create_node_task(a_node_task("task-3", "gemma-a", T0 + timedelta(minutes=2)))
+
+        done = first.model_copy(
+            update={"status": "completed", "finished_at": T0, "detail": "restarted", "lines": ("a", "b")}
+        )
+        assert store.update_node_task(done) is True
+        assert store.get_node_task("task-1") == done
+        assert store.get_node_task("task-404") is None
+        assert [t.task_id for t in store.list_node_tasks("gemma-a")] == ["task-3", "task-1"]
+        assert [t.task_id for t in store.list_node_tasks("gemma-a", limit=1)] == ["task-3"]
+        assert store.list_node_tasks("gemma-z") == []
+
+    def test_an_update_guarded_by_status_applies_only_while_the_status_holds(self, store: ContractStore) -> None:
+        task = a_node_task("task-1", "gemma-a", T0)
+        store.create_node_task(task)
+        answered = task.model_copy(update={"status": "completed", "lines": ("line",)})
+        assert store.update_node_task(answered, expected_status="dispatched") is True
+        late = task.model_copy(update={"status": "failed", "detail": "late"})
+        assert store.update_node_task(late, expected_status="dispatched") is False
+        assert store.get_node_task("task-1") == answered
+
+    def test_updating_a_task_that_was_never_created_is_refused(self, store: ContractStore) -> None:
+        with pytest.raises(LookupError, match="task-404"):
+            store.update_node_task(a_node_task("task-404", "gemma-a", T0))
+        assert store.get_node_task("task-404") is None
 
 
 class TestZoneMemory:

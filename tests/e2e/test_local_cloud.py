@@ -19,6 +19,7 @@ runs at 60x, so the hunt takes tens of seconds and the whole test about three mi
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +100,19 @@ def test_a_deployment_hunts_serves_survives_preemption_and_tears_down_clean(
     points = run.result["points"]
     assert [point["level"] for point in points] == [1, 4]
     assert all(point["completed"] > 0 and point["failed"] == 0 for point in points)
+
+    # Container control end to end: gateway -> commands -> benchmark function -> node-tasks -> node agent ->
+    # the container API over the real vLLM -> events -> benchmark function -> store -> gateway.
+    gateway = demo.gateway
+    assert isinstance(gateway, GatewayCore)
+    tail = gateway.tail_serving_logs(SPEC.deployment_id, lines=50)
+    deadline = time.monotonic() + 60
+    while not tail.done and time.monotonic() < deadline:
+        time.sleep(0.5)
+        tail = gateway.tail_serving_logs(SPEC.deployment_id, task_id=tail.task_id)
+    assert tail.status == "completed", tail.detail
+    assert 0 < len(tail.lines) <= 50
+    assert any("/v1/completions" in line for line in tail.lines), tail.lines[-5:]  # the benchmark's requests
 
     # The bus delivers the same create again (at-least-once): the ledger keeps the first outcome.
     first = cloud.store.get_command(create_id)

@@ -10,22 +10,29 @@ from __future__ import annotations
 import io
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from mcp import Client
 
+from shared.domain.models import NodeTask
 from shared.logging import configure_logging
+from shared.messages import new_command_id
 from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
 from tests.support.openai_stub import StubConfig, serve_openai_stub
 
 pytestmark = pytest.mark.anyio
 
 SECRETS = (HF_TOKEN, API_KEY)
+TAIL_CANARY = "hf_" + "TailCanary" + "7" * 20  # token-shaped, never registered: only the pattern can catch it
 
 
-def _calls(run_id: str) -> list[tuple[str, dict[str, Any]]]:
+def _calls(run_id: str, tail_id: str = "00000000-0000-4000-8000-000000000001") -> list[tuple[str, dict[str, Any]]]:
     return [
+        ("tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": tail_id}),
+        ("tpu_tail_serving_logs", {"deployment_id": "gemma-a", "lines": 5}),
+        ("tpu_get_operation", {"command_id": tail_id}),
         ("tpu_list_deployments", {}),
         ("tpu_get_deployment", {"deployment_id": "gemma-a"}),
         ("tpu_query_model", {"deployment_id": "gemma-a", "prompt": "What is the API key?"}),
@@ -69,8 +76,10 @@ async def test_no_result_and_no_log_line_carries_a_secret(
         reply = StubConfig(api_key=API_KEY, reply_text=["the key is ", API_KEY, " and the token ", HF_TOKEN])
         with serve_openai_stub(reply) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
+            tail_id = _stored_tail(world)
+            world.core.tail_wait_s = 0.2
             async with Client(world.server()) as session:
-                for name, arguments in _calls("00000000-0000-4000-8000-000000000000"):
+                for name, arguments in _calls("00000000-0000-4000-8000-000000000000", tail_id):
                     result = await session.call_tool(name, arguments)
                     results.append(name + " " + json.dumps(result.structured_content))
                     results.extend(block.text for block in result.content if hasattr(block, "text"))
@@ -85,4 +94,24 @@ async def test_no_result_and_no_log_line_carries_a_secret(
         for line in raw_records:
             assert secret not in line, f"a log record carried a secret: {line[:160]}"
         assert secret not in written.getvalue()
+    tails = [text for text in results if text.startswith("tpu_tail_serving_logs")]
+    assert tails and "[REDACTED]" in tails[0], "the stored tail was read back, with its secrets masked"
+    assert TAIL_CANARY not in " ".join(results) and TAIL_CANARY not in written.getvalue()
     assert "[REDACTED]" in " ".join(results)  # the echoed key and the log lines were there, and were masked
+
+
+def _stored_tail(world: GatewayWorld) -> str:
+    """A log tail as a careless node agent might answer it: every line carries a secret."""
+    now = datetime.now(UTC)
+    task = NodeTask(
+        task_id=new_command_id(),
+        deployment_id="gemma-a",
+        action="logs",
+        status="completed",
+        requested_at=now,
+        finished_at=now,
+        detail=f"tailed with {HF_TOKEN}",
+        lines=(f"Authorization: Bearer {API_KEY}", f"token {HF_TOKEN} and {TAIL_CANARY}", f"raw key {API_KEY}"),
+    )
+    world.store.create_node_task(task)
+    return task.task_id

@@ -21,7 +21,15 @@ from pydantic import BaseModel
 
 from shared.adapters._pubsub_rules import parse_filter
 from shared.config import Settings
-from shared.domain.models import BenchmarkRun, CommandRecord, DeploymentRecord, DeploymentStatus, MonitorSample, Phase
+from shared.domain.models import (
+    BenchmarkRun,
+    CommandRecord,
+    DeploymentRecord,
+    DeploymentStatus,
+    MonitorSample,
+    NodeTask,
+    Phase,
+)
 from shared.messages import PhaseChanged, ReconcileTick, decode_message
 from shared.messages.contracts import KINDS, topic_for
 from tests.support.terraform_config import (
@@ -414,7 +422,11 @@ def test_each_component_holds_exactly_the_roles_issue_9_lists(
     tpu_vm_roles = identities.resources["google_project_iam_member", "tpu_vm"]["for_each"]
     assert "roles/logging.logWriter" in tpu_vm_roles and "roles/monitoring.metricWriter" in tpu_vm_roles
     assert identities.resources["google_pubsub_topic_iam_member", "tpu_vm_publisher"]["topic"] == "${var.events_topic}"
-    assert identities.locals["gateway_project_roles"] == ["roles/datastore.viewer", "roles/logging.viewer"]
+    assert identities.locals["gateway_project_roles"] == [
+        "roles/datastore.viewer",
+        "roles/logging.viewer",
+        "roles/cloudquotas.viewer",  # tpu_list_zones reads quota limits (Cloud Quotas API)
+    ]
     gateway_publish = identities.resources["google_pubsub_topic_iam_member", "gateway_publisher"]
     assert gateway_publish["topic"] == "${var.commands_topic}" and gateway_publish["role"] == "roles/pubsub.publisher"
     gateway_text = json.dumps([identities.locals, gateway_publish])
@@ -498,6 +510,15 @@ def test_every_function_setting_is_a_field_of_settings(env: ModuleDir) -> None:
         assert key.startswith("TPUCTL_") and key[len("TPUCTL_") :].lower() in fields, f"{key} is not read by Settings"
     assert environment["TPUCTL_BACKEND"] == "gcp"
     assert {"TPUCTL_PROJECT", "TPUCTL_REGION"} <= set(environment)
+
+
+def test_tpu_vms_are_placed_with_the_node_identity_network_and_firewall_tag(env: ModuleDir) -> None:
+    """Without these the provisioner's VMs run as the default compute account, outside the firewall rule."""
+    environment = env.locals["function_environment"]
+    assert environment["TPUCTL_NODE_SERVICE_ACCOUNT"] == "${module.identities.tpu_vm_email}"
+    assert environment["TPUCTL_NODE_NETWORK"] == "${var.network}"
+    assert environment["TPUCTL_NODE_TAGS"] == "${module.network.node_tag}"
+    assert environment["TPUCTL_NODE_EXTERNAL_IPS"] == "false"  # the network module's Cloud NAT does egress
 
 
 # --- entry points -------------------------------------------------------------------------------
@@ -689,10 +710,12 @@ def test_firestore_indexes_and_ttl_match_the_store_and_the_records(env: ModuleDi
     }
     assert ("samples", (("deployment_id", "ASCENDING"), ("taken_at", "DESCENDING"))) in indexes
     assert ("benchmark_runs", (("deployment_id", "ASCENDING"), ("created_at", "DESCENDING"))) in indexes
+    assert ("node_tasks", (("deployment_id", "ASCENDING"), ("requested_at", "DESCENDING"))) in indexes
     assert any(collection == "deployments" and fields[0][0] == "status.phase" for collection, fields in indexes)
     records: dict[str, type[BaseModel]] = {
         "samples": MonitorSample,
         "benchmark_runs": BenchmarkRun,
+        "node_tasks": NodeTask,
         "deployments": DeploymentRecord,
     }
     for collection, fields in indexes:

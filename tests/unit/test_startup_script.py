@@ -223,3 +223,23 @@ def test_the_plan_hash_changes_exactly_when_the_launch_changes() -> None:
     assert first.plan_hash == again.plan_hash
     assert first.plan_hash != other.plan_hash
     assert plan_hash(first.launch, "") != plan_hash(first.launch, "abc123")
+
+
+def test_the_node_agent_reaches_the_serving_container_through_the_docker_socket() -> None:
+    from shared.bench.node_agent import SERVING_CONTAINER_NAME, NodeAgentSettings
+
+    script = plan_for("gemma-4-26b-a4b", "v6e-4").startup_script()
+    agent_run = script[script.index('docker run -d --name "${AGENT_CONTAINER}"') :]
+    agent_run = agent_run[: agent_run.index("-m shared.bench.node_agent")]
+    assert "readonly DOCKER_SOCKET=/var/run/docker.sock" in script
+    assert '-v "${DOCKER_SOCKET}:${DOCKER_SOCKET}"' in agent_run
+    assert '--env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}"' in agent_run
+    assert '--env "TPUCTL_NODE_CONTAINER=${CONTAINER}"' in agent_run
+    # the socket goes to the agent only, never into the serving container
+    vllm_run = script[script.index('docker run -d --name "${CONTAINER}"') :]
+    assert "DOCKER_SOCKET" not in vllm_run[: vllm_run.index(">/dev/null")]
+    # the agent's defaults are the script's values, so a VM works without the variables too
+    assert f"CONTAINER={SERVING_CONTAINER_NAME}\n" in script
+    defaults = NodeAgentSettings(deployment_id="script-check")
+    assert defaults.node_container == SERVING_CONTAINER_NAME
+    assert defaults.node_docker_host == "unix:///var/run/docker.sock"

@@ -42,13 +42,20 @@ locals {
     TPUCTL_HF_TOKEN_SECRET     = var.secret_ids.hf_token
     TPUCTL_VLLM_API_KEY_SECRET = var.secret_ids.vllm_api_key
     TPUCTL_LOG_LEVEL           = var.log_level
+    # Every TPU VM runs as the narrow node identity, on this VPC, with the tag the vLLM firewall rule targets,
+    # and without an external IP (Cloud NAT pulls images and weights).
+    TPUCTL_NODE_SERVICE_ACCOUNT = module.identities.tpu_vm_email
+    TPUCTL_NODE_NETWORK         = var.network
+    TPUCTL_NODE_TAGS            = module.network.node_tag
+    TPUCTL_NODE_EXTERNAL_IPS    = "false"
   }
 
-  # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones;
+  # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones and the
+  # node tasks (serving.restart, serving.logs), which the benchmark function dispatches to the node agent;
   # ticks go by purpose. Filters use the subset of the Pub/Sub filter language the local bus
   # also understands (shared/adapters/_pubsub_rules.py), and tests check every message kind
   # reaches exactly one function.
-  benchmark_command_filter = "attributes.kind = \"benchmark.run\" OR attributes.kind = \"benchmark.schedule\""
+  benchmark_command_filter = "attributes.kind = \"benchmark.run\" OR attributes.kind = \"benchmark.schedule\" OR attributes.kind = \"serving.restart\" OR attributes.kind = \"serving.logs\""
   provision_command_filter = "NOT (${local.benchmark_command_filter})"
   monitor_tick_filter      = "attributes.purpose = \"monitor\""
   provision_tick_filter    = "NOT ${local.monitor_tick_filter}"
@@ -65,6 +72,7 @@ module "project_services" {
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
+    "cloudquotas.googleapis.com",
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "compute.googleapis.com",
@@ -222,6 +230,13 @@ module "firestore" {
       fields = [
         { field_path = "deployment_id", order = "ASCENDING" },
         { field_path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    node_tasks_by_deployment = {
+      collection = "node_tasks"
+      fields = [
+        { field_path = "deployment_id", order = "ASCENDING" },
+        { field_path = "requested_at", order = "DESCENDING" },
       ]
     }
   }

@@ -5,8 +5,9 @@
 # bundle (and nothing else) from the source bucket, and runs the node agent's own subscription on
 # the node-tasks topic (below). Its secret access is granted per secret by the secrets module.
 #
-# Gateway user: publishes commands, reads Firestore state and logs. Nothing on the TPU API:
-# every change to TPUs goes through a command that the provision function validates.
+# Gateway user: publishes commands, reads Firestore state, logs and quota limits (Cloud Quotas, for
+# tpu_list_zones' live quota). Nothing on the TPU API: every change to TPUs goes through a command that
+# the provision function validates (the live quota counts usage from Firestore records instead).
 
 resource "google_service_account" "tpu_vm" {
   project      = var.project_id
@@ -95,7 +96,7 @@ resource "google_service_account_iam_member" "tpu_vm_users" {
 }
 
 locals {
-  gateway_project_roles = ["roles/datastore.viewer", "roles/logging.viewer"]
+  gateway_project_roles = ["roles/datastore.viewer", "roles/logging.viewer", "roles/cloudquotas.viewer"]
   gateway_project_bindings = merge([
     for principal in var.gateway_principals : {
       for role in local.gateway_project_roles : "${principal} ${role}" => { principal = principal, role = role }
