@@ -2,8 +2,11 @@
 
 Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-process):
 
-* ``ours``: the real ``Provisioner`` (SQLite store, one-minute reconcile ticks, hedge 2, zone memory);
-  variants ``ours-no-check`` (every request waits its full valid-until) and ``ours-hedge4`` (hedge 4).
+* ``ours``: the real ``Provisioner`` (SQLite store, one-minute reconcile ticks, hedge 2, zone memory,
+  5-minute capacity checks after which up to 16 requests stay parked); variants ``ours-no-check`` (every
+  request waits its full valid-until), ``ours-hedge4`` (hedge 4), ``ours-no-park`` (the earlier
+  defaults: 10-minute checks, a checked request is force-deleted and its pair asked again later) and
+  ``ours-check10`` (parking with the earlier 10-minute first check).
 * ``sequential``: the reference agent's ``find_tpu`` (reference-agent.md §3): candidate zones in
   alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
   after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
@@ -14,6 +17,10 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   time; a refusal blocks the zone for the round; a request not ACTIVE within 300 s is abandoned without
   being deleted (its queued-resource path never deletes); when every pair was tried, a new round after
   30 s. After a preemption it relaunches elsewhere (EAGER_NEXT_REGION), leaving the SUSPENDED request.
+* ``bound``: not a product policy but the lower bound on time to ACTIVE for any API-respecting client:
+  a request waiting in every allowed (zone, tier) pair from t=0, re-created at once when one fails, no
+  rate limit or cost counted against it. Its "first chips granted" is the clairvoyant figure: the first
+  moment any allowed pair had chips for the slice (time to ACTIVE adds the provider's 1-5 min boot).
 
 Scenarios are the simulator's shipped ``scarce-v6e``, ``reference-agent-zones`` and ``spot-preemptions``,
 each run with a per-run seed (timings, Poisson capacity, preemptions) and capacity timelines jittered
@@ -25,7 +32,7 @@ chip-hours billed for capacity that was not the serving slice, API calls, orphan
 
 Usage::
 
-    .venv/bin/python benchmarks/capacity_search.py --runs 200            # all scenarios, all policies
+    .venv/bin/python benchmarks/capacity_search.py --runs 200            # all scenarios; ours, baselines, bound
     .venv/bin/python benchmarks/capacity_search.py --runs 20 --scenario reference-agent-zones
 """
 
@@ -53,8 +60,8 @@ from localcloud.tpu_sim import World, load_scenario
 from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
-from shared.domain.errors import CloudError
-from shared.domain.models import DeploymentSpec, QueuedResourceState, Tier
+from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.models import DeploymentSpec, NodeState, QueuedResourceState, Tier
 from shared.domain.planner import PlannerPolicy
 from shared.domain.zone_memory import estimated_price
 from shared.messages import CreateDeployment, ReconcileTick
@@ -65,8 +72,10 @@ ACCELERATOR = "v6e-4"
 CHIPS = 4
 SERVE_S = 3 * 3600.0
 SAMPLE_S = 15.0
-POLICIES = ("ours", "ours-no-check", "ours-hedge4", "sequential", "skypilot")
+POLICIES = ("ours", "ours-no-check", "ours-hedge4", "ours-no-park", "ours-check10", "sequential", "skypilot", "bound")
 QR = QueuedResourceState
+_DEAD = (QR.FAILED, QR.SUSPENDING, QR.SUSPENDED)
+_DEAD_NODES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ class RunResult:
     seed: int
     time_to_active_s: float | None = None
     time_to_known_s: float | None = None
+    first_chips_s: float | None = None
     recoveries_s: list[float] = field(default_factory=list)
     unrecovered: int = 0
     used_chip_hours: float = 0.0
@@ -435,6 +445,84 @@ class SkyPilot(Policy):
         return {item[1] for item in (self.active, self.current) if item is not None}
 
 
+class Bound(Policy):
+    """A lower bound, not a product policy: a request waits in EVERY allowed (zone, tier) pair from t=0.
+
+    The best an API-respecting client can do in the same world: the provider hands chips to a waiting
+    request the moment they appear (FIFO), so with one queued everywhere the first grant is the first
+    moment any allowed pair has chips for the slice, and time to ACTIVE is that plus the provider's boot.
+    A request that fails or is preempted is re-created at once (5 s polling); no rate limit of its own,
+    no capacity check, no cost counted against it. Refusals other than "unsupported" are retried.
+    """
+
+    name = "bound"
+
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+        super().__init__(plan, world, tpu)
+        self.pairs = [(zone, tier) for zone in self.spec.zones for tier in plan.tiers]
+        self.live: dict[tuple[str, Tier], str] = {}
+        self.active: tuple[str, str, Tier] | None = None
+        self.attempt = 0
+        self.first_chips_s: float | None = None
+
+    def step(self, now_s: float) -> None:
+        self.next_s = now_s + (SAMPLE_S if self.active is not None else 5.0)  # a serving bound only watches
+        try:
+            observed = {o.name: o for o in self.tpu.list("-")}
+        except CloudError:
+            return
+        if self.active is not None:
+            seen = observed.get(self.active[1])
+            if seen is not None and seen.state is QR.ACTIVE and seen.node_state in (None, NodeState.READY):
+                return
+            self._delete(self.active[0], self.active[1])  # preempted: search everywhere again
+            self.live.pop((self.active[0], self.active[2]), None)
+            self.active = None
+        for (zone, tier), name in list(self.live.items()):
+            seen = observed.get(name)
+            state = seen.state if seen is not None else None
+            if state in (QR.PROVISIONING, QR.ACTIVE) and self.first_chips_s is None:
+                self.first_chips_s = became_active_s(self.world, name, now_s, ("qr.provisioning",))
+            if state is QR.ACTIVE and (seen is None or seen.node_state in (None, NodeState.READY)):
+                self.active = (zone, name, tier)
+            elif seen is None or state in _DEAD or (seen.node_state in _DEAD_NODES):
+                if seen is not None:
+                    self._delete(zone, name)
+                del self.live[(zone, tier)]
+                if seen is not None and seen.error_class is ErrorClass.UNSUPPORTED:
+                    self.pairs.remove((zone, tier))
+        if self.active is not None:
+            for (zone, tier), name in list(self.live.items()):
+                if name != self.active[1]:
+                    self._delete(zone, name)
+                    del self.live[(zone, tier)]
+            return
+        for zone, tier in list(self.pairs):
+            if (zone, tier) in self.live:
+                continue
+            name = f"bench-bound-{self.attempt}"
+            self.attempt += 1
+            try:
+                self.tpu.create(_request(name, zone, tier))
+            except CloudError as exc:
+                if exc.error_class is ErrorClass.UNSUPPORTED:
+                    self.pairs.remove((zone, tier))
+                continue
+            self.live[(zone, tier)] = name
+
+    def _delete(self, zone: str, name: str) -> None:
+        try:
+            self.tpu.delete(zone, name, force=True)
+        except CloudError:
+            return
+
+    def serving(self) -> tuple[str, str, Tier] | None:
+        return self.active
+
+    def tracked(self) -> set[str]:
+        return set(self.live.values())
+
+
 # ------------------------------------------------------------------------------------------------ runs
 
 
@@ -530,12 +618,20 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
         policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
     elif policy_name == "ours-hedge4":
         policy = Ours(plan, world, tpu, folder, hedge=4)
+    elif policy_name == "ours-check10":  # parking with the earlier 10-minute first check
+        policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=10.0))
+    elif policy_name == "ours-no-park":  # the defaults before parking: 10-minute checks, checked requests deleted
+        policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=10.0, park_after_check=0))
     elif policy_name == "sequential":
         policy = Sequential(plan, world, tpu)
+    elif policy_name == "bound":
+        policy = Bound(plan, world, tpu)
     else:
         policy = SkyPilot(plan, world, tpu)
     result = RunResult(policy_name, plan.name, seed)
     drive(policy, world, tpu, result, is_up=lambda zone, name: world.qr_state(zone, name) == "ACTIVE")
+    if isinstance(policy, Bound):
+        result.first_chips_s = policy.first_chips_s
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -570,10 +666,14 @@ class Summary:
     recoveries: int
     recovery_median_min: float
     unrecovered: int
+    first_chips_median_min: float | None = None
+    first_chips_p90_min: float | None = None
 
 
 def summarise(results: Sequence[RunResult], plan: ScenarioPlan) -> Summary:
     times = [(r.time_to_active_s if r.time_to_active_s is not None else plan.horizon_s) / 60 for r in results]
+    chips = [(r.first_chips_s if r.first_chips_s is not None else plan.horizon_s) / 60 for r in results]
+    has_chips = any(r.first_chips_s is not None for r in results)
     served_usd = sum(r.used_usd for r in results)
     wasted_usd = sum(r.wasted_usd for r in results)
     windows = sum(r.window_s for r in results)
@@ -604,6 +704,8 @@ def summarise(results: Sequence[RunResult], plan: ScenarioPlan) -> Summary:
         recoveries=sum(len(r.recoveries_s) for r in results),
         recovery_median_min=statistics.median([x / 60 for r in results for x in r.recoveries_s] or [float("nan")]),
         unrecovered=sum(r.unrecovered for r in results),
+        first_chips_median_min=statistics.median(chips) if has_chips else None,
+        first_chips_p90_min=_percentile(chips, 0.9) if has_chips else None,
     )
 
 
@@ -627,18 +729,50 @@ def markdown(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+def target_table(summaries: Sequence[Summary]) -> str:
+    """Ours and the bound against the target (median at most 1/3 of the sequential one), per scenario."""
+    by_key = {(s.scenario, s.policy): s for s in summaries}
+    lines = [
+        "| scenario | sequential median min | target (1/3) | bound median (p90) | bound: first chips granted, median"
+        " (p90) | ours median (p90) | ours / sequential | bound / sequential | target reachable by any policy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario in dict.fromkeys(s.scenario for s in summaries):
+        seq, bound, ours = (by_key.get((scenario, name)) for name in ("sequential", "bound", "ours"))
+        if seq is None or bound is None:
+            continue
+        target = seq.median_min / 3
+        chips = (
+            f"{bound.first_chips_median_min:.1f} ({bound.first_chips_p90_min:.1f})"
+            if bound.first_chips_median_min is not None and bound.first_chips_p90_min is not None
+            else "-"
+        )
+        ours_text = f"{ours.median_min:.1f} ({ours.p90_min:.1f})" if ours else "-"
+        ratio = f"{ours.median_min / seq.median_min:.2f}" if ours else "-"
+        reachable = (
+            "yes" if bound.median_min <= target else f"no: the bound's median is {bound.median_min / target:.1f}x it"
+        )
+        lines.append(
+            f"| {scenario} | {seq.median_min:.1f} | {target:.1f} | {bound.median_min:.1f} ({bound.p90_min:.1f}) |"
+            f" {chips} | {ours_text} | {ratio} | {bound.median_min / seq.median_min:.2f} | {reachable} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--runs", type=int, default=200, help="seeded runs per scenario and policy (default 200)")
     parser.add_argument("--scenario", choices=sorted(PLANS), action="append", help="limit to these scenarios")
-    parser.add_argument("--policy", choices=POLICIES, action="append", help="default: ours, sequential, skypilot")
+    parser.add_argument(
+        "--policy", choices=POLICIES, action="append", help="default: ours, sequential, skypilot, bound"
+    )
     parser.add_argument("--first-seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs: must be at least 1")
     logging.disable(logging.WARNING)
     scenarios = args.scenario or list(PLANS)
-    policies = args.policy or ["ours", "sequential", "skypilot"]
+    policies = args.policy or ["ours", "sequential", "skypilot", "bound"]
     shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp folder in tmpfs: SQLite fsyncs every write
     summaries: list[Summary] = []
     started = time.perf_counter()
@@ -657,6 +791,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     print(markdown(summaries))
+    if any(s.policy == "bound" for s in summaries):
+        print()
+        print(target_table(summaries))
     by_key = {(s.scenario, s.policy): s for s in summaries}
     for scenario in scenarios:
         ours, seq = by_key.get((scenario, "ours")), by_key.get((scenario, "sequential"))

@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python -m benchmarks.loadgen_vs_vllm_bench [--reps 3] [--only agreement|ttft|headroom|chat]``
 (needs ``make vllm-env tiny-model``; ``vllm bench serve`` comes from that venv).
 
-1. **Agreement** (real vLLM on CPU, tiny model): the same workload (completions, random 64 in / 32 out tokens,
+1. **Agreement** (real vLLM on CPU, tiny model): the same workload (completions, random 64 in / 32 out tokens
+   by default, ``--input-len`` / ``--output-len`` to change them,
    ``ignore_eos``, concurrency 4, 4 warm-ups) run by both clients, alternating and swapping order each repetition;
    by default the server is pinned to CPU 0 and the clients to CPU 1, so neither client slows the server for the
    other (``--no-pin`` shares both CPUs: a faster server, more interference).
@@ -155,15 +156,18 @@ def _server_view(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {"server_mean_ttft_ms": ttft * 1000, "server_mean_itl_ms": itl * 1000}
 
 
-def agreement(reps: int, url: str | None, prompts: int, *, pin: bool = True) -> list[str]:
+def agreement(
+    reps: int, url: str | None, prompts: int, *, pin: bool = True, input_len: int = 64, output_len: int = 32
+) -> list[str]:
     model_dir = ensure_tiny_model()
-    work = Workload(concurrency=4, prompts=prompts, input_len=64, output_len=32, warmups=4)
+    work = Workload(concurrency=4, prompts=prompts, input_len=input_len, output_len=output_len, warmups=4)
     original = os.sched_getaffinity(0)
     pinned = pin and url is None and len(original) >= 2
     if pinned:  # vLLM inherits CPU 0 from birth, so it sizes its OpenMP threads to one CPU
         os.sched_setaffinity(0, {0})
     try:
-        server = start_vllm_server(model_dir) if url is None else None
+        context = max(512, input_len + output_len)  # the tiny model knows 2048 positions
+        server = start_vllm_server(model_dir, max_model_len=context) if url is None else None
     finally:
         os.sched_setaffinity(0, original)
     base_url = server.base_url if server is not None else str(url)
@@ -319,6 +323,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=48, help="prompts per run on the real server")
     parser.add_argument("--vllm-url", help="a running vLLM serving tiny-llama (default: start one)")
     parser.add_argument("--no-pin", action="store_true", help="let server and clients share every CPU")
+    parser.add_argument("--input-len", type=int, default=64, help="agreement: prompt tokens (input + output <= 2048)")
+    parser.add_argument("--output-len", type=int, default=32, help="agreement: output tokens per request")
     parser.add_argument(
         "--only",
         choices=["agreement", "ttft", "headroom", "chat"],
@@ -331,7 +337,15 @@ def main() -> int:
     sections: list[str] = []
     if "agreement" in wanted:
         sections += ["### Agreement with vllm bench serve on the real server", ""]
-        sections += [*agreement(args.reps, args.vllm_url, args.prompts, pin=not args.no_pin), ""]
+        agreed = agreement(
+            args.reps,
+            args.vllm_url,
+            args.prompts,
+            pin=not args.no_pin,
+            input_len=args.input_len,
+            output_len=args.output_len,
+        )
+        sections += [*agreed, ""]
     if "ttft" in wanted:
         sections += ["### TTFT error at concurrency 64", "", *ttft_error(args.reps), ""]
     if "headroom" in wanted:

@@ -16,7 +16,7 @@ import pytest
 from shared.domain.cloud import LABEL_DEPLOYMENT, LABEL_GENERATION, OperationStatus, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import Phase, QueuedResourceState, Tier
-from shared.domain.planner import request_id
+from shared.domain.planner import PlannerPolicy, request_id
 from shared.domain.ratelimit import TokenBucket
 from shared.domain.zone_memory import blocking_entry
 from shared.entry import Outcome, PubSubPayload, handle_payload
@@ -154,7 +154,8 @@ class TestScenario05GiveUpOnWaiting:
         self, harness_factory: HarnessFactory
     ) -> None:
         late = {"chips": 0, "timeline": [{"at_s": 1800, "chips": 8}]}
-        h = harness_factory(world({CHEAP: spot(late), EUROPE: spot(0)}))
+        no_parking = ProvisionerSettings(holder="test-provisioner", planner=PlannerPolicy(park_after_check=0))
+        h = harness_factory(world({CHEAP: spot(late), EUROPE: spot(0)}), settings=no_parking)
         h.create(zones=(CHEAP, EUROPE))
         h.run(12)
         assert any(a.outcome == "checked" and a.zone == CHEAP for a in h.record().status.attempts)
@@ -162,6 +163,22 @@ class TestScenario05GiveUpOnWaiting:
         h.run_until_phase(Phase.BOOTING, minutes=60)
         assert not _ever_active(h, "gemma-g1-a0")
         assert h.record().status.zone == CHEAP  # a later request there got the chips
+        h.assert_invariants()
+
+    def test_a_parked_request_gets_the_chips_when_they_arrive_and_the_other_is_deleted(
+        self, harness_factory: HarnessFactory
+    ) -> None:
+        late = {"chips": 0, "timeline": [{"at_s": 1800, "chips": 8}]}
+        h = harness_factory(world({CHEAP: spot(late), EUROPE: spot(0)}))
+        h.create(zones=(CHEAP, EUROPE))
+        h.run(12)
+        assert {a.zone for a in h.record().status.attempts if a.outcome == "parked"} == {CHEAP, EUROPE}
+        assert sorted(h.qrs()) == ["gemma-g1-a0", "gemma-g1-a1"]  # both still queued, nothing re-asked
+        h.run_until_phase(Phase.BOOTING, minutes=60)
+        assert h.record().status.zone == CHEAP
+        assert h.active() == ["gemma-g1-a0"]  # the request parked since minute 5 got the chips at once
+        h.run(5)
+        assert sorted(h.qrs()) == ["gemma-g1-a0"]  # the other parked request was force-deleted
         h.assert_invariants()
 
     def test_deleting_a_deployment_while_it_waits_leaves_nothing_to_be_fulfilled_later(

@@ -232,7 +232,7 @@ class TestWaiting:
 class TestCapacityCheck:
     def test_a_new_pair_gets_a_short_capacity_check_that_doubles_with_each_empty_check(self) -> None:
         actions = plan(make_record(), [], [], NOW)
-        assert status_of(actions).resources[0].wait_until == NOW + timedelta(minutes=10)
+        assert status_of(actions).resources[0].wait_until == NOW + timedelta(minutes=5)
         assert creates(actions)[0].request.valid_until_s == 240 * 60  # the request's own valid-until is the user's
         memory: dict[str, ZoneMemoryEntry] = {}
         for _ in range(2):
@@ -247,17 +247,18 @@ class TestCapacityCheck:
             assert entry is not None
             memory[entry.key] = entry
         later = status_of(plan(make_record(zones=("us-central1-b",), hedge=1), [], memory, NOW))
-        assert later.resources[0].wait_until == NOW + timedelta(minutes=40)
+        assert later.resources[0].wait_until == NOW + timedelta(minutes=20)
 
     def test_no_capacity_check_when_the_window_reaches_valid_until_or_is_switched_off(self) -> None:
-        short = status_of(plan(make_record(valid_until_minutes=10), [], [], NOW))
+        short = status_of(plan(make_record(valid_until_minutes=5), [], [], NOW))
         assert all(r.wait_until is None for r in short.resources)
         off = status_of(plan(make_record(), [], [], NOW, policy=PlannerPolicy(capacity_check_minutes=None)))
         assert all(r.wait_until is None for r in off.resources)
 
     def test_a_request_still_waiting_after_its_check_makes_room_for_the_next_pair(self) -> None:
         a = ref(0, "us-central1-b", QR.WAITING, age_min=11, wait_until=NOW - timedelta(minutes=1))
-        actions = plan(make_record([a], next_attempt=1, hedge=1), [seen(a)], [], NOW)
+        no_parking = PlannerPolicy(park_after_check=0)
+        actions = plan(make_record([a], next_attempt=1, hedge=1), [seen(a)], [], NOW, policy=no_parking)
         assert [d.name for d in deletes(actions)] == [a.name]
         assert [e.key for e in remembered(actions)] == ["stockout/us-central1-b/v6e/spot"]
         assert [c.request.zone for c in creates(actions)] == ["us-east1-d"]
@@ -279,6 +280,52 @@ class TestCapacityCheck:
         record = make_record(zones=("us-central1-b", "us-east1-d", "us-east5-b"), tiers=(Tier.SPOT, Tier.ON_DEMAND))
         made = [(c.request.zone, c.request.tier) for c in creates(plan(record, [], memory, NOW))]
         assert made == [("us-east5-b", Tier.SPOT), ("us-central1-b", Tier.ON_DEMAND)]
+
+    def test_a_checked_request_is_parked_learned_once_and_the_search_moves_on(self) -> None:
+        a = ref(0, "us-central1-b", QR.WAITING, age_min=11, wait_until=NOW - timedelta(minutes=1))
+        actions = plan(make_record([a], next_attempt=1, hedge=1), [seen(a)], [], NOW)
+        assert deletes(actions) == []  # still queued: it may yet get the chips
+        assert [e.key for e in remembered(actions)] == ["stockout/us-central1-b/v6e/spot"]
+        assert [c.request.zone for c in creates(actions)] == ["us-east1-d"]  # not counted toward the hedge
+        status = status_of(actions)
+        assert [log.outcome for log in status.attempts].count("parked") == 1
+        memory = {e.key: e for e in remembered(actions)}
+        again = plan(
+            make_record(status.resources, next_attempt=status.next_attempt, hedge=1),
+            [seen(r.model_copy(update={"state": QR.WAITING})) for r in status.resources],
+            memory,
+            NOW + timedelta(minutes=1),
+        )
+        assert remembered(again) == [] and deletes(again) == [] and creates(again) == []
+
+    def test_parking_is_capped_and_a_parked_pair_is_never_asked_twice(self) -> None:
+        checked = [
+            ref(i, zone, QR.WAITING, age_min=11, wait_until=NOW - timedelta(minutes=1)) for i, zone in enumerate(ZONES)
+        ]
+        record = make_record(checked, next_attempt=3, hedge=1)
+        actions = plan(record, [seen(r) for r in checked], [], NOW, policy=PlannerPolicy(park_after_check=2))
+        assert [d.name for d in deletes(actions)] == [checked[2].name]  # the third is over the cap
+        parked = ref(0, "us-central1-b", QR.WAITING, age_min=30, wait_until=NOW - timedelta(minutes=20))
+        learned = learn(
+            CloudFailure(ErrorClass.STOCKOUT),
+            zone="us-central1-b",
+            tier=Tier.SPOT,
+            accelerator="v6e-4",
+            memory={},
+            now=NOW - timedelta(minutes=15),
+        )
+        assert learned is not None  # its cooldown is over: only the parked request keeps the pair from a second one
+        record = make_record(
+            [parked], next_attempt=1, hedge=1, zones=("us-central1-b",), tiers=(Tier.SPOT, Tier.ON_DEMAND)
+        )
+        made = [(c.request.zone, c.request.tier) for c in creates(plan(record, [seen(parked)], [learned], NOW))]
+        assert made == [("us-central1-b", Tier.ON_DEMAND)]
+
+    def test_a_parked_request_is_deleted_when_another_slice_turns_active(self) -> None:
+        parked = ref(0, "us-central1-b", QR.WAITING, age_min=30, wait_until=NOW - timedelta(minutes=20))
+        winner = ref(1, "us-east1-d", QR.ACTIVE, active_at=NOW)
+        actions = plan(make_record([parked, winner], next_attempt=2), [seen(parked), seen(winner)], [], NOW)
+        assert [d.name for d in deletes(actions)] == [parked.name]
 
     def test_a_request_that_found_capacity_is_never_cut_short(self) -> None:
         a = ref(0, "us-central1-b", QR.PROVISIONING, age_min=11, wait_until=NOW - timedelta(minutes=1))
