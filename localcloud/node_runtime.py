@@ -31,7 +31,6 @@ import contextlib
 import importlib.util
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from localcloud.container_api import ContainerApiServer, ProcessContainer, serve_node_container
 from localcloud.tpu_sim import NodeEvent, World
-from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, VllmProcess, free_loopback_port, start_vllm
+from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, VllmProcess, free_loopback_port, start_vllm, stop_group
 from shared.bench.node_agent import SERVING_CONTAINER_NAME
 from shared.domain.errors import ControllerError
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
@@ -281,7 +280,7 @@ class NodeRuntime:
                     self._groups.append(agent.pid)
                 halted = slot.halted
             if halted and agent is not None:
-                _stop_group(agent)
+                stop_group(agent)
                 return
             self._notify(slot)
             if vllm.wait_healthy(self._ready_timeout_s, poll_s=0.5):
@@ -321,7 +320,7 @@ class NodeRuntime:
         with self._lock:
             vllm, agent = slot.vllm, slot.agent
         if agent is not None:
-            _stop_group(agent)
+            stop_group(agent)
         if vllm is not None:
             vllm.stop()
         self._logger(slot.deployment_id).info(
@@ -460,18 +459,3 @@ class NodeRuntime:
             self._on_change(slot.view())
         except Exception:  # a display callback must not break the node
             log.exception("node change callback failed")
-
-
-def _stop_group(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=timeout_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)

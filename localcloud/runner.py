@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +52,7 @@ import httpx
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
 from localcloud.node_runtime import NodeRuntime
 from localcloud.tpu_sim import SimServer, World, load_scenario
-from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port
+from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port, stop_group
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.local_scheduler import LocalScheduler
@@ -325,7 +324,7 @@ class LocalCloud:
             self.node_runtime.close()
             groups += self.node_runtime.process_groups()
         for function in self.functions.values():
-            _stop_group(function.process)
+            stop_group(function.process)
             groups.append(function.pid)
         for thread in self._threads:
             thread.join(timeout=10)
@@ -642,21 +641,6 @@ class LocalCloud:
             if duplicates:
                 with self._lock:
                     self.duplicate_active_seen.append({"time": self.world.now().isoformat(), **duplicates})
-
-
-def _stop_group(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=timeout_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _surviving_groups(groups: list[int], grace_s: float = 3.0) -> list[int]:

@@ -37,6 +37,7 @@ __all__ = [
     "free_loopback_port",
     "health_ok",
     "start_vllm",
+    "stop_group",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -286,3 +287,18 @@ def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def stop_group(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL it after ``timeout_s``."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -734,6 +734,11 @@ class _Planning:
             return
         minutes = self.age_s(ref.created_at) / 60
         detail = f"no capacity after a {minutes:.0f}-minute capacity check; the request stays queued"
+        self.learn_empty(ref, detail)
+        self.log(ref, "parked", detail)
+
+    def learn_empty(self, ref: ResourceRef, detail: str) -> None:
+        """A request that waited without chips teaches the pair a stockout (cooldown and ranking)."""
         self.remember(
             learn(
                 CloudFailure(ErrorClass.STOCKOUT, detail),
@@ -745,7 +750,6 @@ class _Planning:
                 policy=self.policy.memory,
             )
         )
-        self.log(ref, "parked", detail)
 
     def give_up_if_overdue(self, ref: ResourceRef) -> bool:
         """Past its capacity check or its own valid-until, or PROVISIONING too long: force-delete, cool the pair."""
@@ -754,34 +758,14 @@ class _Planning:
         if queued and ref.wait_until is not None and self.now >= ref.wait_until:
             minutes = self.age_s(ref.created_at) / 60
             detail = f"no capacity after a {minutes:.0f}-minute capacity check"
-            self.remember(
-                learn(
-                    CloudFailure(ErrorClass.STOCKOUT, detail),
-                    zone=ref.zone,
-                    tier=ref.tier,
-                    accelerator=accelerator,
-                    memory=self.memory,
-                    now=self.now,
-                    policy=self.policy.memory,
-                )
-            )
+            self.learn_empty(ref, detail)
             self.log(ref, "checked", detail)
             self.request_delete(ref, "capacity check over; trying elsewhere")
             return True
         if queued and ref.created_at is not None:
             deadline = ref.created_at + timedelta(minutes=self.spec.valid_until_minutes)
             if self.now >= deadline + timedelta(seconds=self.policy.waiting_overdue_s):
-                self.remember(
-                    learn(
-                        CloudFailure(ErrorClass.STOCKOUT, "still queued past valid-until"),
-                        zone=ref.zone,
-                        tier=ref.tier,
-                        accelerator=accelerator,
-                        memory=self.memory,
-                        now=self.now,
-                        policy=self.policy.memory,
-                    )
-                )
+                self.learn_empty(ref, "still queued past valid-until")
                 self.log(ref, "gave_up", "still queued past its valid-until")
                 self.request_delete(ref, "queued past valid-until")
                 return True
