@@ -10,6 +10,12 @@ Run: ``.venv/bin/python -m benchmarks.loadgen_vs_vllm_bench [--reps 3] [--only a
    other (``--no-pin`` shares both CPUs: a faster server, more interference).
    Compared: request and output throughput, mean and p99 TTFT and ITL (target: within 10 %), as the median of
    ratios of adjacent runs. The server's own histograms over the same runs are shown beside them.
+   The comparison that measures the clients rather than the server is
+   ``--model large --input-len 512 --rate 0.6 --together``: a scaled-up model whose TTFT (about 0.3 s) and ITL
+   (about 20 ms) dwarf a client's own milliseconds, as on a TPU; requests arriving at a constant rate, so the
+   server does the same work whichever client sends them (at fixed concurrency, a client's turnaround time
+   changes how the server batches); and both clients at once, so both meet the same server state (run one after
+   the other, the server's own speed drifts between runs by more than 10 %).
 2. **TTFT error** (stub, first token exactly 50 ms after a request reached its socket, then a token every 50 ms):
    concurrency 64, 640 requests; error = measured TTFT - 50 ms (target: median under 1 ms). For our client,
    each request is matched with the stub's record of it, which splits the error into the stub's lateness and
@@ -43,6 +49,9 @@ from shared.bench.stub_server import StubBehaviour, spawn_stub
 from shared.messages import BenchmarkRequest
 from tests.support.vllm_server import ensure_tiny_model, start_vllm_server, vllm_venv_dir
 
+# The served model for the agreement test: the tiny test model, or a scaled-up copy (84M parameters) whose TTFT
+# on this CPU is a few hundred ms and ITL tens of ms, as on a TPU, so the clients' own milliseconds are small.
+MODELS: dict[str, dict[str, int]] = {"tiny": {}, "large": {"hidden": 1024, "layers": 8}}
 FIGURES = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms")
 DELAY_MS = 50.0
 
@@ -54,11 +63,17 @@ class Workload:
     input_len: int
     output_len: int
     warmups: int
+    rate: float | None = None  # requests arriving at this constant rate (concurrency then caps them) instead
 
     def describe(self) -> str:
+        load = (
+            f"arriving at a constant {self.rate:g} req/s (at most {self.concurrency} in flight)"
+            if self.rate
+            else f"at concurrency {self.concurrency}"
+        )
         return (
             f"completions, random {self.input_len} in / {self.output_len} out tokens, ignore_eos, {self.prompts} "
-            f"prompts at concurrency {self.concurrency}, {self.warmups} warm-ups"
+            f"prompts {load}, {self.warmups} warm-ups"
         )
 
 
@@ -66,7 +81,14 @@ def ours(
     url: str, work: Workload, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One level with our generator: the flat point and its raw records (``perf_counter`` times)."""
+    rate_mode = {
+        "mode": "rate",
+        "request_rate": (work.rate,),
+        "arrival": "constant",
+        "max_concurrency": work.concurrency,
+    }
     request = BenchmarkRequest(
+        **(rate_mode if work.rate else {}),
         concurrency=(work.concurrency,),
         num_prompts=work.prompts,
         input_len=work.input_len,
@@ -76,6 +98,51 @@ def ours(
     )
     result = asyncio.run(LoadGenerator(Target(url), transport=transport).run(request))
     return result.as_dict()["points"][0], result.points[0].records
+
+
+def _vllm_bench_argv(
+    url: str, work: Workload, out: Path, *, model: str, tokenizer: Path, detailed: bool, cpu: int | None, chat: bool
+) -> list[str]:
+    taskset = shutil.which("taskset")
+    argv = [*([taskset, "-c", str(cpu)] if cpu is not None and taskset else [])]
+    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
+    argv += [str(vllm_venv_dir() / "bin" / "vllm"), "bench", "serve", "--backend", backend]
+    argv += ["--endpoint", endpoint, "--base-url", url, "--model", model, "--tokenizer", str(tokenizer)]
+    argv += ["--dataset-name", "random", "--random-input-len", str(work.input_len)]
+    argv += ["--random-output-len", str(work.output_len), "--num-prompts", str(work.prompts)]
+    # Burstiness 10,000: gamma-distributed gaps with a coefficient of variation of 1 %, i.e. a constant rate.
+    rate = ["--request-rate", f"{work.rate:g}", "--burstiness", "10000"] if work.rate else ["--request-rate", "inf"]
+    argv += [*rate, "--max-concurrency", str(work.concurrency), "--ignore-eos"]
+    argv += ["--num-warmups", str(work.warmups), "--percentile-metrics", "ttft,tpot,itl,e2el"]
+    argv += ["--metric-percentiles", "50,90,99", "--ready-check-timeout-sec", "0", "--disable-tqdm"]
+    argv += ["--save-result", "--result-dir", str(out), "--result-filename", "result.json"]
+    argv += ["--save-detailed"] if detailed else []
+    return argv
+
+
+_VLLM_BENCH_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",  # its progress lines arrive as printed (the side-by-side mode waits for one)
+}
+
+
+def _vllm_bench_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", ""), **_VLLM_BENCH_ENV}
+
+
+def _vllm_bench_result(out: Path, work: Workload, returncode: int, output: str) -> dict[str, Any]:
+    """The ``--save-result`` file of a finished run, checked for failures its exit code ignores."""
+    result_file = out / "result.json"
+    if returncode != 0 or not result_file.is_file():
+        raise RuntimeError(f"vllm bench serve failed ({returncode}):\n{output[-3000:]}")
+    result = json.loads(result_file.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    if result["failed"] or result["completed"] != work.prompts:
+        raise RuntimeError(f"vllm bench serve had failures: completed {result['completed']}, failed {result['failed']}")
+    return dict(result)
 
 
 def vllm_bench(
@@ -90,35 +157,42 @@ def vllm_bench(
 ) -> dict[str, Any]:
     """One ``vllm bench serve`` run of the same workload; its ``--save-result`` file."""
     out = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
-    taskset = shutil.which("taskset")
-    argv = [*([taskset, "-c", str(cpu)] if cpu is not None and taskset else [])]
-    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
-    argv += [str(vllm_venv_dir() / "bin" / "vllm"), "bench", "serve", "--backend", backend]
-    argv += ["--endpoint", endpoint, "--base-url", url, "--model", model, "--tokenizer", str(tokenizer)]
-    argv += ["--dataset-name", "random", "--random-input-len", str(work.input_len)]
-    argv += ["--random-output-len", str(work.output_len), "--num-prompts", str(work.prompts)]
-    argv += ["--request-rate", "inf", "--max-concurrency", str(work.concurrency), "--ignore-eos"]
-    argv += ["--num-warmups", str(work.warmups), "--percentile-metrics", "ttft,tpot,itl,e2el"]
-    argv += ["--metric-percentiles", "50,90,99", "--ready-check-timeout-sec", "0", "--disable-tqdm"]
-    argv += ["--save-result", "--result-dir", str(out), "--result-filename", "result.json"]
-    argv += ["--save-detailed"] if detailed else []
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", ""),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900, check=False)
-    result_file = out / "result.json"
-    if completed.returncode != 0 or not result_file.is_file():
-        raise RuntimeError(f"vllm bench serve failed ({completed.returncode}):\n{completed.stdout[-3000:]}")
-    result = json.loads(result_file.read_text())
-    shutil.rmtree(out, ignore_errors=True)
-    if result["failed"] or result["completed"] != work.prompts:
-        raise RuntimeError(f"vllm bench serve had failures: completed {result['completed']}, failed {result['failed']}")
-    return dict(result)
+    argv = _vllm_bench_argv(url, work, out, model=model, tokenizer=tokenizer, detailed=detailed, cpu=cpu, chat=chat)
+    completed = subprocess.run(argv, capture_output=True, text=True, env=_vllm_bench_env(), timeout=900, check=False)
+    return _vllm_bench_result(out, work, completed.returncode, completed.stdout)
+
+
+def side_by_side(
+    url: str, work: Workload, *, tokenizer: Path, cpu: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both clients against the server at the same time: ours starts when ``vllm bench serve`` starts warming up.
+
+    Run one after the other, the two clients meet a server whose speed drifts between runs (on this machine by
+    up to 1.6x from one 4-second run to the next, in its own histograms); run together, each measures its own
+    requests in one and the same server state, so what is left between them is what the clients measure.
+    """
+    out = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+    argv = _vllm_bench_argv(
+        url, work, out, model="tiny-llama", tokenizer=tokenizer, detailed=False, cpu=cpu, chat=False
+    )
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_vllm_bench_env())
+    assert process.stdout is not None
+    seen: list[str] = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith(("Warming up", "Starting main benchmark run")):
+                break
+        else:
+            raise RuntimeError("vllm bench serve ended before it sent a request:\n" + "".join(seen)[-3000:])
+        mine = ours(url, work)[0]
+        seen.append(process.stdout.read())
+        returncode = process.wait(timeout=900)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return mine, _vllm_bench_result(out, work, returncode, "".join(seen))
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -135,6 +209,8 @@ _SERVER_SERIES = (
     "vllm:time_to_first_token_seconds_count",
     "vllm:inter_token_latency_seconds_sum",
     "vllm:inter_token_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:request_success_total",
 )
 
 
@@ -153,14 +229,31 @@ def _server_view(before: dict[str, float], after: dict[str, float]) -> dict[str,
     delta = {name: after[name] - before[name] for name in _SERVER_SERIES}
     ttft = delta["vllm:time_to_first_token_seconds_sum"] / (delta["vllm:time_to_first_token_seconds_count"] or 1)
     itl = delta["vllm:inter_token_latency_seconds_sum"] / (delta["vllm:inter_token_latency_seconds_count"] or 1)
-    return {"server_mean_ttft_ms": ttft * 1000, "server_mean_itl_ms": itl * 1000}
+    prompt = delta["vllm:prompt_tokens_total"] / (delta["vllm:request_success_total"] or 1)
+    return {"server_mean_ttft_ms": ttft * 1000, "server_mean_itl_ms": itl * 1000, "server_prompt_tokens": prompt}
 
 
 def agreement(
-    reps: int, url: str | None, prompts: int, *, pin: bool = True, input_len: int = 64, output_len: int = 32
+    reps: int,
+    url: str | None,
+    prompts: int,
+    *,
+    pin: bool = True,
+    input_len: int = 64,
+    output_len: int = 32,
+    together: bool = False,
+    model: str = "tiny",
+    rate: float | None = None,
 ) -> list[str]:
-    model_dir = ensure_tiny_model()
-    work = Workload(concurrency=4, prompts=prompts, input_len=input_len, output_len=output_len, warmups=4)
+    model_dir = ensure_tiny_model(**MODELS[model])
+    work = Workload(
+        concurrency=4 if rate is None else 64,
+        prompts=prompts,
+        input_len=input_len,
+        output_len=output_len,
+        warmups=4,
+        rate=rate,
+    )
     original = os.sched_getaffinity(0)
     pinned = pin and url is None and len(original) >= 2
     if pinned:  # vLLM inherits CPU 0 from birth, so it sizes its OpenMP threads to one CPU
@@ -176,7 +269,16 @@ def agreement(
     mine: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     try:
-        for rep in range(reps):
+        ours(base_url, replace(work, prompts=16, concurrency=4, rate=None))  # a fresh server's first requests are slow
+        if pinned and together:  # vLLM's client gets CPU 1 to itself; ours reads kernel receive stamps (see above)
+            os.sched_setaffinity(0, {0})
+        for _rep in range(reps if together else 0):
+            before = _server_counters(base_url)
+            pair = side_by_side(base_url, work, tokenizer=model_dir, cpu=1 if pinned else None)
+            shared_view = _server_view(before, _server_counters(base_url))
+            for run, runs in zip(pair, (mine, theirs), strict=True):
+                runs.append({**run, **shared_view})
+        for rep in range(0 if together else reps):
             for client in ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours"):
                 before = _server_counters(base_url)
                 if client == "ours":
@@ -191,9 +293,22 @@ def agreement(
         if server is not None:
             server.stop()
     lines = [
-        f"Workload: {work.describe()}; {reps} repetitions, clients alternating with the order swapped each time"
-        + ("; vLLM pinned to CPU 0, both clients to CPU 1" if pinned else "")
-        + ". Ratio = median over repetitions of ours / vLLM from adjacent runs.",
+        f"Workload: {work.describe()}; model {model} ({model_dir.name}); {reps} repetitions, "
+        + (
+            "both clients at once (each runs this workload; ours starts as vLLM's starts warming up)"
+            if together
+            else "clients alternating with the order swapped each time"
+        )
+        + (
+            (
+                "; vLLM and ours pinned to CPU 0, vLLM's client alone on CPU 1"
+                if together
+                else "; vLLM pinned to CPU 0, both clients to CPU 1"
+            )
+            if pinned
+            else ""
+        )
+        + f". Ratio = median over repetitions of ours / vLLM from {'the same' if together else 'adjacent'} runs.",
         "",
         "| Figure | ours (median) | vllm bench serve (median) | ratio ours / vLLM | within 10 % |",
         "|---|---|---|---|---|",
@@ -205,17 +320,32 @@ def agreement(
         lines.append(f"| {key} | {_median(mine, key):.2f} | {_median(theirs, key):.2f} | {ratio:.3f} | {verdict} |")
     server_ttft = (_median(mine, "server_mean_ttft_ms"), _median(theirs, "server_mean_ttft_ms"))
     server_itl = (_median(mine, "server_mean_itl_ms"), _median(theirs, "server_mean_itl_ms"))
-    pairs = zip(mine, theirs, strict=True)
+    pairs = list(zip(mine, theirs, strict=True))
+    if together:
+        server_note = (
+            f"The server's own histograms over the same runs, shared by both clients (warm-ups included): mean "
+            f"TTFT {server_ttft[0]:.2f} ms, mean ITL {server_itl[0]:.2f} ms. Prompt tokens per request as the "
+            f"server counted them: {_median(mine, 'server_prompt_tokens'):.1f}."
+        )
+    else:
+        server_note = (
+            f"The server's own histograms over the same runs (server TTFT excludes HTTP and SSE): mean TTFT "
+            f"{server_ttft[0]:.2f} ms in our runs, {server_ttft[1]:.2f} ms in vLLM's; mean ITL {server_itl[0]:.2f} / "
+            f"{server_itl[1]:.2f} ms. Client mean TTFT minus the server's, per client (HTTP, SSE and client "
+            f"overhead): ours {_median(mine, 'mean_ttft_ms') - server_ttft[0]:.2f} ms, vLLM's "
+            f"{_median(theirs, 'mean_ttft_ms') - server_ttft[1]:.2f} ms. Prompt tokens per request as the server "
+            f"counted them: {_median(mine, 'server_prompt_tokens'):.1f} in our runs, "
+            f"{_median(theirs, 'server_prompt_tokens'):.1f} in vLLM's."
+        )
     lines += [
         "",
-        f"The server's own histograms over the same runs (server TTFT excludes HTTP and SSE): mean TTFT "
-        f"{server_ttft[0]:.2f} ms in our runs, {server_ttft[1]:.2f} ms in vLLM's; mean ITL {server_itl[0]:.2f} / "
-        f"{server_itl[1]:.2f} ms. Client mean TTFT minus the server's, per client (HTTP, SSE and client "
-        f"overhead): ours {_median(mine, 'mean_ttft_ms') - server_ttft[0]:.2f} ms, vLLM's "
-        f"{_median(theirs, 'mean_ttft_ms') - server_ttft[1]:.2f} ms.",
+        server_note,
         "",
         "Request throughput per repetition (ours / vLLM): "
         + ", ".join(f"{m['request_throughput']:.1f}/{t['request_throughput']:.1f}" for m, t in pairs),
+        "",
+        "Mean TTFT (ms) per repetition (ours / vLLM): "
+        + ", ".join(f"{m['mean_ttft_ms']:.1f}/{t['mean_ttft_ms']:.1f}" for m, t in pairs),
     ]
     return lines
 
@@ -326,6 +456,13 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=64, help="agreement: prompt tokens (input + output <= 2048)")
     parser.add_argument("--output-len", type=int, default=32, help="agreement: output tokens per request")
     parser.add_argument(
+        "--rate", type=float, help="agreement: requests arrive at this constant rate (req/s) instead of concurrency 4"
+    )
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="agreement: the served model")
+    parser.add_argument(
+        "--together", action="store_true", help="agreement: run both clients at once instead of one after the other"
+    )
+    parser.add_argument(
         "--only",
         choices=["agreement", "ttft", "headroom", "chat"],
         action="append",
@@ -344,6 +481,9 @@ def main() -> int:
             pin=not args.no_pin,
             input_len=args.input_len,
             output_len=args.output_len,
+            together=args.together,
+            model=args.model,
+            rate=args.rate,
         )
         sections += [*agreed, ""]
     if "ttft" in wanted:

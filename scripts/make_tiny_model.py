@@ -30,7 +30,6 @@ VOCAB_SIZE = 2048
 HIDDEN_SIZE = 128
 INTERMEDIATE_SIZE = 256
 LAYERS = 2
-HEADS = 2
 HEAD_DIM = 64
 MAX_POSITIONS = 2048
 
@@ -100,18 +99,22 @@ def build_tokenizer(seed: int) -> object:
     return fast
 
 
-def build_model(seed: int, tokenizer: object) -> object:
-    """Random weights from a fixed seed: identical tensors, hence identical safetensors bytes, every run."""
+def build_model(seed: int, tokenizer: object, *, hidden: int = HIDDEN_SIZE, layers: int = LAYERS) -> object:
+    """Random weights from a fixed seed: identical tensors, hence identical safetensors bytes, every run.
+
+    ``hidden`` and ``layers`` scale the same shape up (heads of ``HEAD_DIM``, an MLP twice as wide as the model):
+    a benchmark uses a larger copy so the server's TTFT is far above any client's own milliseconds.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
+        hidden_size=hidden,
+        intermediate_size=INTERMEDIATE_SIZE * hidden // HIDDEN_SIZE,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // HEAD_DIM,
+        num_key_value_heads=hidden // HEAD_DIM,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
@@ -126,7 +129,9 @@ def build_model(seed: int, tokenizer: object) -> object:
     return model
 
 
-def write_model(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
+def write_model(
+    out_dir: Path, *, seed: int = SEED, force: bool = False, hidden: int = HIDDEN_SIZE, layers: int = LAYERS
+) -> Path:
     """Write the model, tokenizer and chat template to ``out_dir`` atomically; returns ``out_dir``."""
     if (out_dir / COMPLETE_MARKER).is_file() and not force:
         return out_dir
@@ -137,7 +142,7 @@ def write_model(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tokenizer = build_tokenizer(seed)
-        model = build_model(seed, tokenizer)
+        model = build_model(seed, tokenizer, hidden=hidden, layers=layers)
         model.save_pretrained(staging, safe_serialization=True)  # type: ignore[attr-defined]
         tokenizer.save_pretrained(staging)  # type: ignore[attr-defined]
         (staging / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
@@ -158,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="Directory to write (created; replaced only with --force).")
     parser.add_argument("--seed", type=int, default=SEED, help="Seed for the corpus and the weights.")
     parser.add_argument("--force", action="store_true", help="Rewrite an existing model directory.")
+    parser.add_argument("--hidden", type=int, default=HIDDEN_SIZE, help="Model width, a multiple of 64.")
+    parser.add_argument("--layers", type=int, default=LAYERS, help="Decoder layers.")
     args = parser.parse_args(argv)
+    if args.hidden <= 0 or args.hidden % HEAD_DIM or args.layers <= 0:
+        parser.error(f"--hidden must be a positive multiple of {HEAD_DIM} and --layers positive")
     try:
         import tokenizers  # noqa: F401
         import torch  # noqa: F401
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"make_tiny_model: {exc.name} is missing: run this with the vLLM venv's python", file=sys.stderr)
         return 2
-    out = write_model(args.out_dir.resolve(), seed=args.seed, force=args.force)
+    out = write_model(args.out_dir.resolve(), seed=args.seed, force=args.force, hidden=args.hidden, layers=args.layers)
     print(out)
     return 0
 

@@ -91,13 +91,20 @@ def vllm_tier_unavailable_reason() -> str | None:
     return _tier().venv_unavailable_reason()
 
 
-def ensure_tiny_model(dest: Path | None = None, *, timeout_s: float = 300.0) -> Path:
-    """Return the tiny model directory, generating it with the vLLM venv's Python when absent (about 5 s)."""
-    target = dest or tiny_model_dir()
+def ensure_tiny_model(
+    dest: Path | None = None, *, timeout_s: float = 300.0, hidden: int | None = None, layers: int | None = None
+) -> Path:
+    """Return the tiny model directory, generating it with the vLLM venv's Python when absent (about 5 s).
+
+    ``hidden`` / ``layers`` ask for a scaled-up copy (same tokenizer), kept beside the tiny one.
+    """
+    shape = [*(["--hidden", str(hidden)] if hidden else []), *(["--layers", str(layers)] if layers else [])]
+    default = tiny_model_dir()
+    target = dest or (default.with_name(f"{default.name}-h{hidden or 0}-l{layers or 0}") if shape else default)
     if (target / "model.safetensors").is_file():
         return target
     result = subprocess.run(
-        [str(vllm_python()), str(MODEL_SCRIPT), str(target)],
+        [str(vllm_python()), str(MODEL_SCRIPT), str(target), *shape],
         capture_output=True,
         text=True,
         timeout=timeout_s,
