@@ -145,12 +145,12 @@ def run_one(policy_name: str, backend: Backend, plan: ScenarioPlan, seed: int, f
     tpu = PinnedTpu(world, backend)
     policy: Policy
     if policy_name == "ours":
-        policy = Ours(plan, world, tpu, folder)  # type: ignore[arg-type]
+        policy = Ours(plan, world, tpu, folder)
         policy.spec = policy.spec.model_copy(update={"backend": backend})
     elif policy_name == "sequential":
-        policy = Sequential(plan, world, tpu)  # type: ignore[arg-type]
+        policy = Sequential(plan, world, tpu)
     else:
-        policy = SkyPilot(plan, world, tpu)  # type: ignore[arg-type]
+        policy = SkyPilot(plan, world, tpu)
     run = BackendRun(RunResult(f"{policy_name}/{backend.value}", plan.name, seed), backend)
 
     def note_active() -> None:

@@ -119,7 +119,10 @@ async def measure_startup(data_dir: Path, pycache: Path) -> tuple[float, float]:
 async def measure_calls(data_dir: Path, pycache: Path, calls: int) -> dict[str, Any]:
     timings: dict[str, list[float]] = {"tpu_get_deployment": [], "tpu_list_deployments": []}
     first: dict[str, float] = {}
-    arguments = {"tpu_get_deployment": {"deployment_id": "gemma-07"}, "tpu_list_deployments": {"limit": 20}}
+    arguments: dict[str, dict[str, Any]] = {
+        "tpu_get_deployment": {"deployment_id": "gemma-07"},
+        "tpu_list_deployments": {"limit": 20},
+    }
     with open(os.devnull, "w") as errlog:
         async with Client(stdio_client(server_params(data_dir, pycache), errlog=errlog)) as client:
             await client.list_tools()

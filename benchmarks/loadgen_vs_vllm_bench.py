@@ -245,7 +245,7 @@ def agreement(
     model: str = "tiny",
     rate: float | None = None,
 ) -> list[str]:
-    model_dir = ensure_tiny_model(**MODELS[model])
+    model_dir = ensure_tiny_model(hidden=MODELS[model].get("hidden"), layers=MODELS[model].get("layers"))
     work = Workload(
         concurrency=4 if rate is None else 64,
         prompts=prompts,
