@@ -77,18 +77,9 @@ class Workload:
         )
 
 
-def ours(
-    url: str, work: Workload, *, transport: httpx.AsyncBaseTransport | None = None
-) -> tuple[dict[str, Any], list[RequestRecord]]:
-    """One level with our generator: the flat point and its raw records (``perf_counter`` times)."""
-    rate_mode = {
-        "mode": "rate",
-        "request_rate": (work.rate,),
-        "arrival": "constant",
-        "max_concurrency": work.concurrency,
-    }
-    request = BenchmarkRequest(
-        **(rate_mode if work.rate else {}),
+def our_request(work: Workload) -> BenchmarkRequest:
+    """The workload as our generator's request: the same shape ``_vllm_bench_argv`` gives ``vllm bench serve``."""
+    shape: dict[str, Any] = dict(
         concurrency=(work.concurrency,),
         num_prompts=work.prompts,
         input_len=work.input_len,
@@ -96,7 +87,16 @@ def ours(
         warmup_requests=work.warmups,
         percentiles=(50, 90, 99),
     )
-    result = asyncio.run(LoadGenerator(Target(url), transport=transport).run(request))
+    if work.rate:
+        shape.update(mode="rate", request_rate=(work.rate,), arrival="constant", max_concurrency=work.concurrency)
+    return BenchmarkRequest(**shape)
+
+
+def ours(
+    url: str, work: Workload, *, transport: httpx.AsyncBaseTransport | None = None
+) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One level with our generator: the flat point and its raw records (``perf_counter`` times)."""
+    result = asyncio.run(LoadGenerator(Target(url), transport=transport).run(our_request(work)))
     return result.as_dict()["points"][0], result.points[0].records
 
 
