@@ -270,7 +270,9 @@ def agreement(
     theirs: list[dict[str, Any]] = []
     try:
         ours(base_url, replace(work, prompts=16, concurrency=4, rate=None))  # a fresh server's first requests are slow
-        if pinned and together:  # vLLM's client gets CPU 1 to itself; ours reads kernel receive stamps (see above)
+        # Together, vLLM's client gets CPU 1 to itself; ours shares CPU 0 with the server, which does not move its
+        # TTFT: ``shared.bench.transport`` stamps each first token with the kernel's receive time.
+        if pinned and together:
             os.sched_setaffinity(0, {0})
         for _rep in range(reps if together else 0):
             before = _server_counters(base_url)
