@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         report = cloud.stop()
         return 1 if not report.survivors else 3
     print(f"local cloud up: scenario {cloud.scenario.name!r}, time x{args.time_scale:g}, data {cloud.data_dir}")
+    for group in cloud.reaped_at_start:
+        print(f"  stopped {group.what} (process group {group.pgid}), left running by a killed run (pid {group.owner})")
     if cloud.node_runtime is None:
         print("  nodes get no vLLM:", cloud.tier.unavailable_reason() or "--no-vllm")
     print("point the gateway and the CLI at it with:\n")

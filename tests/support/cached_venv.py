@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from localcloud.process_groups import default_cache_dir
 
 __all__ = [
     "CHECKOV_REQUIREMENTS",
@@ -40,11 +41,7 @@ _COMPLETE_MARKER = ".tpuctl-complete"
 
 def cache_root() -> Path:
     """``$TPUCTL_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/tpuctl``, else ``~/.cache/tpuctl`` (as the Makefile)."""
-    explicit = os.environ.get("TPUCTL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpuctl"
+    return default_cache_dir()
 
 
 def requirements_digest(requirements: Path) -> str:
