@@ -68,7 +68,9 @@ def spawn_group(
         cwd=None if cwd is None else str(cwd),
         start_new_session=True,
     )
-    _record(process.pid, what, ledger or ledger_dir())
+    # An unwritable ledger costs only the reaping after a SIGKILL; the child is still ours to stop as before.
+    with contextlib.suppress(OSError):
+        _record(process.pid, what, ledger or ledger_dir())
     return process
 
 

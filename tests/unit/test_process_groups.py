@@ -78,3 +78,17 @@ def test_spawn_group_records_the_leader_and_its_spawner(tmp_path: Path) -> None:
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def test_a_ledger_that_cannot_be_written_does_not_lose_the_child(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the ledger folder should be")
+
+    process = spawn_group(["sleep", "300"], what="unrecorded", stdout=subprocess.DEVNULL, env={}, ledger=blocked)
+    try:
+        assert process.poll() is None
+        assert os.getpgid(process.pid) == process.pid
+        assert blocked.read_text() == "a file where the ledger folder should be"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
