@@ -120,17 +120,16 @@ def _vllm_bench_argv(
     return argv
 
 
-_VLLM_BENCH_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "PYTHONUNBUFFERED": "1",  # its progress lines arrive as printed (the side-by-side mode waits for one)
-}
-
-
 def _vllm_bench_env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", ""), **_VLLM_BENCH_ENV}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", ""),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",  # its progress lines arrive as printed (the side-by-side mode waits for one)
+    }
 
 
 def _vllm_bench_result(out: Path, work: Workload, returncode: int, output: str) -> dict[str, Any]:
@@ -274,13 +273,14 @@ def agreement(
         # TTFT: ``shared.bench.transport`` stamps each first token with the kernel's receive time.
         if pinned and together:
             os.sched_setaffinity(0, {0})
-        for _rep in range(reps if together else 0):
-            before = _server_counters(base_url)
-            pair = side_by_side(base_url, work, tokenizer=model_dir, cpu=1 if pinned else None)
-            shared_view = _server_view(before, _server_counters(base_url))
-            for run, runs in zip(pair, (mine, theirs), strict=True):
-                runs.append({**run, **shared_view})
-        for rep in range(0 if together else reps):
+        for rep in range(reps):
+            if together:
+                before = _server_counters(base_url)
+                pair = side_by_side(base_url, work, tokenizer=model_dir, cpu=1 if pinned else None)
+                shared_view = _server_view(before, _server_counters(base_url))
+                for run, runs in zip(pair, (mine, theirs), strict=True):
+                    runs.append({**run, **shared_view})
+                continue
             for client in ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours"):
                 before = _server_counters(base_url)
                 if client == "ours":
