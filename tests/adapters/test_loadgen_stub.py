@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -165,6 +166,9 @@ class TestDatasetsAndTransports:
             with sender, receiver:
                 assert enable_receive_times(receiver) is True
                 sender.sendall(b"data: {}\n\n")
+                # Readable means the bytes have reached the socket (and were stamped): on a loaded machine loopback
+                # delivery can lag the send, and the stamp rightly follows the delivery, not the send.
+                assert select.select([receiver], [], [], 5.0)[0] == [receiver]
                 time.sleep(0.05)  # the bytes wait in the socket; a busy event loop would read them this late
                 data, stamp = read_with_time(receiver)
                 read_at = time.perf_counter()
