@@ -99,14 +99,23 @@ demo: setup vllm-env tiny-model
 up: setup vllm-env tiny-model
 	$(PY) -m localcloud up --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
 
-# Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`.
+# Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`, and the node-agent
+# bundle build/node-agent/tpuctl-node-agent-<version>.tar.gz (scripts/package_node_agent.py): our wheel plus the wheels
+# of its dependencies for the TPU VM image's Python, so VMs install it offline. The defaults match the pinned image
+# (shared/domain/launch.py DEFAULT_IMAGE, vllm/vllm-tpu:v0.32.0: CPython 3.12 on x86_64 glibc Linux); change them
+# with the image. The download step needs PyPI (or PIP_INDEX_URL); our own wheel builds offline.
 # `checkov-env` builds checkov in its own venv under $(TPUCTL_CACHE_DIR), keyed by the hash of its pin
 # file (tests/terraform/test_checkov.py skips and names this target when it is missing).
 # `hclfmt` builds the HCL formatter behind `terraform fmt` from Debian sources (gcp-local.md section 7).
 .PHONY: package checkov-env hclfmt
 
-package:
+NODE_AGENT_PYTHON_VERSION ?= 3.12
+NODE_AGENT_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+
+package: setup
 	$(PYTHON) scripts/package_functions.py
+	$(PY) scripts/package_node_agent.py all --python-version $(NODE_AGENT_PYTHON_VERSION) \
+	  $(addprefix --platform ,$(NODE_AGENT_PLATFORMS))
 
 checkov-env: setup
 	TPUCTL_CACHE_DIR="$(TPUCTL_CACHE_DIR)" $(PY) -m tests.support.cached_venv --name checkov --requirements tests/terraform/requirements-checkov.txt

@@ -57,6 +57,7 @@ from localcloud.tpu_sim import World
 from localcloud.world_compute import WorldComputeTpu
 from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.multi_backend_tpu import MultiBackendTpu
+from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.models import Backend, Tier
 
@@ -115,6 +116,9 @@ class PinnedTpu:
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus:
         return self.router.start_node(zone, node_id)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        return self.router.guest_attributes(zone, node_id, query_path)
 
     def close(self) -> None:
         self.router.close()

@@ -86,14 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"local cloud up: scenario {cloud.scenario.name!r}, time x{args.time_scale:g}, data {cloud.data_dir}")
     for group in cloud.reaped_at_start:
         print(f"  stopped {group.what} (process group {group.pgid}), left running by a killed run (pid {group.owner})")
-    if cloud.node_runtime is None:
-        print("  nodes get no vLLM:", cloud.tier.unavailable_reason() or "--no-vllm")
+    if cloud.fleet is None:
+        print("  nodes do not boot:", cloud.no_boot_reason)
     print("point the gateway and the CLI at it with:\n")
     for name, value in cloud.client_env().items():
         print(f"  export {name}={value}")
     print("\n  then e.g.  .venv/bin/tpuctl status   or   .venv/bin/python -m mcp_client_gateway (MCP over stdio)\n")
     print("Ctrl-C stops the stack.", flush=True)
-    tracker = ProgressTracker(cloud.store, cloud.node_runtime)
+    tracker = ProgressTracker(cloud.store, cloud.fleet)
     while not stopping.wait(1.0):
         for line in tracker.poll(cloud.world.now()):
             print(line.render(), flush=True)

@@ -122,9 +122,7 @@ class LocalDemo:
 
     def __post_init__(self) -> None:
         self._began = time.monotonic()
-        self.tracker = ProgressTracker(
-            self.cloud.store, self.cloud.node_runtime, deployment_ids=(self.spec.deployment_id,)
-        )
+        self.tracker = ProgressTracker(self.cloud.store, self.cloud.fleet, deployment_ids=(self.spec.deployment_id,))
 
     # ------------------------------------------------------------------ steps
 
@@ -211,7 +209,7 @@ class LocalDemo:
         """``benchmark.run`` through the gateway, then poll the run until it completes (or fails)."""
         if "benchmark" not in self.cloud.functions:
             raise StepFailed("benchmark: functions/benchmark/main.py is missing in this checkout")
-        if self.cloud.node_runtime is None:
+        if self.cloud.fleet is None:
             raise StepFailed("benchmark: nodes run no vLLM here, so no node agent can run it")
         accepted = self.gateway.run_benchmark(self.spec.deployment_id, benchmark=benchmark or DEMO_BENCHMARK)
         self._keep("run_benchmark", accepted)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from localcloud.node_runtime import NodeRuntime
+from localcloud.vm_twin.vm import VmFleet
 from shared.domain.models import AttemptLog, DeploymentRecord
 from shared.ports import StateStore
 
@@ -63,7 +63,7 @@ class ProgressTracker:
     """Reports what changed since the last ``poll()``."""
 
     store: StateStore
-    nodes: NodeRuntime | None = None
+    nodes: VmFleet | None = None
     deployment_ids: tuple[str, ...] | None = None
     _attempts: set[tuple[str, str, str, str, str, str]] = field(default_factory=set)
     _phases: dict[str, str] = field(default_factory=dict)
@@ -121,14 +121,15 @@ class ProgressTracker:
             if self._node_states.get(key) == node.state:
                 continue
             self._node_states[key] = node.state
+            where = f"node {node.zone}/{node.node_id}"
             if node.state == "booting":
-                text = f"node {node.zone}/{node.node_id}: VM booting, vLLM starting on 127.0.0.1:{node.port}"
+                text = f"{where}: VM powered on, its startup script runs (endpoint 127.0.0.1:{node.port})"
             elif node.state == "serving":
-                text = f"node {node.zone}/{node.node_id}: vLLM up after {node.boot_s:.0f} s wall ({node.served_model})"
-            elif node.state == "exited":
-                text = f"node {node.zone}/{node.node_id}: vLLM exited ({node.detail})"
+                text = f"{where}: vLLM up after {node.boot_s:.0f} s wall"
+            elif node.state == "failed":
+                text = f"{where}: boot failed ({node.detail})"
             else:
-                text = f"node {node.zone}/{node.node_id}: processes stopped ({node.detail})"
+                text = f"{where}: VM powered off ({node.detail})"
             lines.append(ProgressLine(now, node.deployment_id, "node", text))
         return lines
 

@@ -50,10 +50,13 @@ from typing import Any
 import httpx
 
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
-from localcloud.node_runtime import NodeRuntime
 from localcloud.process_groups import ReapedGroup, reap_orphans, spawn_group
 from localcloud.tpu_sim import SimServer, World, load_scenario
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port, stop_group
+from localcloud.vm_twin.agent_bundle import PublishedBundle, publish_node_agent
+from localcloud.vm_twin.google_apis import GoogleApis
+from localcloud.vm_twin.metadata_server import TokenIssuer
+from localcloud.vm_twin.vm import VmFleet, unshare_available
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.local_scheduler import LocalScheduler
@@ -190,7 +193,8 @@ class LocalCloud:
         self.world = World(self.scenario, time_scale=options.time_scale, seed=options.seed)
         self.sim = SimServer(self.world, port=options.sim_port)
         self.functions: dict[str, FunctionProcess] = {}
-        self.node_runtime: NodeRuntime | None = None
+        self.fleet: VmFleet | None = None  # the TPU VMs: every READY node boots from its startup script
+        self.no_boot_reason: str | None = None if options.boot_nodes else "--no-vllm"
         self.delivery_failures: list[str] = []
         self.duplicate_active_seen: list[dict[str, Any]] = []
         self._stop_event = threading.Event()
@@ -208,6 +212,9 @@ class LocalCloud:
         self._clients: list[httpx.Client] = []
         self._scheduler: LocalScheduler | None = None
         self._secrets = FileSecretStore(self.data_dir / "secrets")
+        # What a TPU VM reaches besides the controller: its metadata server's tokens, Secret Manager, Storage.
+        self.tokens = TokenIssuer()
+        self.google_apis = GoogleApis(self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -250,8 +257,10 @@ class LocalCloud:
             self._start_emulators()
         sim_url = self.sim.start()
         limits = self._scaled_limits()
+        bundle = self._publish_node_agent()
         self._settings = Settings.model_validate(
             {
+                **({"node_agent_bundle": bundle.uri, "node_agent_bundle_sha256": bundle.sha256} if bundle else {}),
                 "backend": "local",
                 "project": self.scenario.project,
                 "data_dir": self.data_dir,
@@ -264,6 +273,8 @@ class LocalCloud:
         )
         settings = self._settings
         self._ensure_api_key()
+        self._ensure_hf_token()
+        self.google_apis.start()
         clock = self.world.clock
         scale = self.options.time_scale
         if self.options.emulators:
@@ -291,22 +302,23 @@ class LocalCloud:
         for function in self.functions.values():
             self._wait_listening(function)
         if self.options.boot_nodes:
-            reason = self.tier.unavailable_reason()
+            reason = self.tier.unavailable_reason() or unshare_available()
             if reason:
-                log.warning("nodes will not boot vLLM: %s", reason)
+                self.no_boot_reason = reason
+                log.warning("nodes will not boot: %s", reason)
             else:
-                self.node_runtime = NodeRuntime(
+                self.fleet = VmFleet(
                     self.world,
                     self.tier,
-                    store=self._store,
-                    secrets=self._secrets,
-                    api_key_secret=settings.vllm_api_key_secret,
-                    project=self.scenario.project,
+                    apis=self.google_apis,
+                    tokens=self.tokens,
                     work_dir=self.data_dir / "nodes",
                     log_dir=self.log_dir,
-                    agent_env=self.client_env(),
+                    container_env=self.client_env(),
+                    routes=(self.sim.port, *self._emulator_ports()),
+                    clock_endpoint=self.sim_url,
                 )
-                self.node_runtime.attach()
+                self.fleet.attach()
         for route in ROUTES:
             target = self.functions.get(route.function)
             if target is None:
@@ -330,9 +342,9 @@ class LocalCloud:
         began = time.monotonic()
         self._stop_event.set()
         groups: list[int] = []
-        if self.node_runtime is not None:
-            self.node_runtime.close()
-            groups += self.node_runtime.process_groups()
+        if self.fleet is not None:
+            self.fleet.close()
+            groups += self.fleet.process_groups()
         for function in self.functions.values():
             stop_group(function.process)
             groups.append(function.pid)
@@ -356,6 +368,8 @@ class LocalCloud:
             else:
                 os.environ[name] = value
         self.sim.stop()
+        with contextlib.suppress(Exception):
+            self.google_apis.stop()
         survivors = _surviving_groups(groups)
         self._stopped = StopReport(tuple(survivors), len(groups), round(time.monotonic() - began, 2))
         if survivors:
@@ -410,6 +424,14 @@ class LocalCloud:
             "TPUCTL_COMMAND_CLAIM_S": f"{settings.command_claim_s:.0f}",
             "TPUCTL_LOG_LEVEL": settings.log_level,
             **(
+                {
+                    "TPUCTL_NODE_AGENT_BUNDLE": settings.node_agent_bundle,
+                    "TPUCTL_NODE_AGENT_BUNDLE_SHA256": settings.node_agent_bundle_sha256 or "",
+                }
+                if settings.node_agent_bundle
+                else {}
+            ),
+            **(
                 {"TPUCTL_EMULATORS": "true", **{e.kind.env_var: e.host_port for e in self.emulators}}
                 if self.emulators
                 else {}
@@ -420,8 +442,8 @@ class LocalCloud:
         """Every process group started so far (functions, vLLM servers, node agents, emulators)."""
         groups = [function.pid for function in self.functions.values()]
         groups += [emulator.pid for emulator in self.emulators]
-        if self.node_runtime is not None:
-            groups += self.node_runtime.process_groups()
+        if self.fleet is not None:
+            groups += self.fleet.process_groups()
         return groups
 
     # ------------------------------------------------------------------ setup steps
@@ -459,6 +481,29 @@ class LocalCloud:
             key = "tpk-" + secrets.token_urlsafe(32)
             self._secrets.put(name, key)
         register_secret(key)
+
+    def _publish_node_agent(self) -> PublishedBundle | None:
+        """The node-agent bundle in the Storage stand-in, as ``make package`` and Terraform put it in a bucket."""
+        if not self.options.boot_nodes:
+            return None
+        try:
+            return publish_node_agent(self.google_apis, self.options.cache_dir, f"{self.scenario.project}-sources")
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("VMs get no node agent (no benchmarks, restarts or tails): %s; run make setup-local", exc)
+            return None
+
+    def _ensure_hf_token(self) -> None:
+        """A Hugging Face token for the VMs to read (no Hub is reached here; the VM's cache holds the weights)."""
+        name = self.settings.hf_token_secret
+        token = self._secrets.get(name)
+        if token is None:
+            token = "hf_" + secrets.token_urlsafe(30)
+            self._secrets.put(name, token)
+        register_secret(token)
+
+    def _emulator_ports(self) -> list[int]:
+        """Loopback ports of the emulators, which a VM's node agent reaches in emulator mode."""
+        return [int(emulator.host_port.rsplit(":", 1)[1]) for emulator in self.emulators]
 
     def _create_topology(self) -> None:
         bus = self.bus

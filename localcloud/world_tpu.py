@@ -159,6 +159,16 @@ class _WorldClient:
             self._operation(self._call("start_node", lambda: self._world.start_node(project, zone, node_id)))
         )
 
+    def get_guest_attributes(
+        self, *, request: tpu_v2.GetGuestAttributesRequest, **_: Any
+    ) -> tpu_v2.GetGuestAttributesResponse:
+        project, zone, node_id = _split(request.name)
+        body = {"queryPath": request.query_path, "workerIds": list(request.worker_ids)}
+        answer = self._call(
+            "get_guest_attributes", lambda: self._world.get_guest_attributes(project, zone, node_id, body)
+        )
+        return tpu_v2.GetGuestAttributesResponse.from_json(json.dumps(answer), ignore_unknown_fields=True)
+
     def rest(self, method: str, path: str, params: Mapping[str, str] | None, body: Any) -> Any:
         """The adapter's plain-REST calls (flex-start via v2alpha1, odd operations) routed to the world."""
         match = _REST.match(path)

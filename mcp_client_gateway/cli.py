@@ -171,6 +171,8 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
         ("spend", f"${detail.spend_usd:.2f}" + (f" (${detail.hourly_usd:.2f}/h)" if detail.hourly_usd else "")),
         ("message", detail.message or "-"),
     ]
+    if detail.boot is not None:
+        facts.append(("boot", f"{detail.boot.text} since {detail.boot.stage_since:%H:%M:%S} on {detail.boot.node}"))
     out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))
     if detail.resources:
         rows = [(r.name, r.zone, r.tier, r.state, r.node_state) for r in detail.resources]

@@ -31,6 +31,7 @@ from mcp_client_gateway.models import (
     BenchmarkComparison,
     BenchmarkRow,
     BenchmarkView,
+    BootView,
     CapacityView,
     CommandAccepted,
     CostView,
@@ -61,12 +62,14 @@ from mcp_client_gateway.models import (
     ZoneView,
 )
 from shared.config import Settings
+from shared.domain.boot_progress import stage_text
 from shared.domain.catalog import ACCELERATORS
 from shared.domain.cloud import accelerator_family
 from shared.domain.errors import CloudError, ControllerError, ErrorClass, InvalidMessage, PermanentError
 from shared.domain.models import (
     DEPLOYMENT_ID_PATTERN,
     BenchmarkRun,
+    BootProgress,
     DeploymentRecord,
     DeploymentSpec,
     Desired,
@@ -106,7 +109,7 @@ from shared.ports import (
     TpuApi,
 )
 from shared.services.node_tasks import as_read, no_node_reason
-from shared.wiring import LOCAL_PROJECT
+from shared.wiring import serving_environment
 
 if TYPE_CHECKING:  # the serving plan pulls in the capacity, launch and manifest modules: loaded on first use
     from shared.domain.serving_plan import ServingPlan
@@ -453,6 +456,7 @@ class GatewayCore:
                 chips=_chips(spec.accelerator),
                 system=system,
             ),
+            boot=_boot_view(status.boot),
             node_tasks=[_node_task_view(task) for task in self._node_tasks_of(record.deployment_id)],
             created_at=record.created_at,
             updated_at=record.updated_at,
@@ -1178,15 +1182,11 @@ class GatewayCore:
         return spec
 
     def _serving_plan(self, spec: DeploymentSpec) -> ServingPlan:
-        from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+        """The plan the controller would deploy: same environment (``serving_environment``), same bytes."""
+        from shared.domain.serving_plan import build_serving_plan
 
-        environment = ServingEnvironment(
-            project=self.settings.project or LOCAL_PROJECT,
-            hf_token_secret=self.settings.hf_token_secret,
-            api_key_secret=self.settings.vllm_api_key_secret,
-        )
         try:
-            return build_serving_plan(spec, environment)
+            return build_serving_plan(spec, serving_environment(self.settings))
         except InvalidMessage as exc:
             raise GatewayError("invalid_argument", exc.field, exc.problem, exc.fix) from None
         except PermanentError as exc:
@@ -1442,10 +1442,12 @@ def deployment_stage(record: DeploymentRecord, now: datetime) -> str:
         return f"Waiting for capacity ({places}{elapsed})"
     if phase is Phase.PROVISIONING:
         return f"Provisioning the TPU VM in {status.zone or '?'} ({status.tier.value if status.tier else '?'}{elapsed})"
+    current = {ref.name for ref in status.resources if ref.generation == record.generation}
+    boot = clean_text(stage_text(status.boot if status.boot and status.boot.node in current else None), 200)[0]
     if phase is Phase.BOOTING:
-        return f"Booting: pulling the image and the model weights{elapsed}"
+        return f"Booting: {boot or 'pulling the image and the model weights'}{elapsed}"
     if phase is Phase.COMPILING:
-        return f"Starting vLLM: loading weights and compiling{elapsed}"
+        return f"Starting vLLM: {boot or 'loading weights and compiling'}{elapsed}"
     if phase is Phase.SERVING:
         return f"Healthy: serving at {status.endpoint}"
     if phase in (Phase.DEGRADED, Phase.STALLED, Phase.DOWN):
@@ -1655,6 +1657,19 @@ def _summary(record: DeploymentRecord) -> DeploymentSummary:
         spend_usd=round(status.spend_usd, 4),
         updated_at=record.updated_at,
         resources=[_resource(r) for r in status.resources],
+    )
+
+
+def _boot_view(boot: BootProgress | None) -> BootView | None:
+    if boot is None:
+        return None
+    return BootView(
+        node=boot.node,
+        stage=boot.stage,
+        text=clean_text(stage_text(boot), limit=360)[0],
+        detail=clean_text(boot.detail, limit=300)[0],
+        stage_since=boot.stage_since,
+        seen_at=boot.seen_at,
     )
 
 

@@ -144,6 +144,17 @@ class NodeView(_View):
     )
 
 
+class BootView(_View):
+    """What the node's startup script last reported while booting (its guest attributes, read by the monitor)."""
+
+    node: str
+    stage: str = Field(description="The script's step: booting, image, weights, compiling, serving, failed, ...")
+    text: str = Field(description="The step for people, e.g. 'pulling image' or 'downloading weights (cached)'.")
+    detail: str = Field(description="The script's own words: untrusted VM text, cleaned and at most 300 chars.")
+    stage_since: datetime
+    seen_at: datetime
+
+
 class NodeTaskView(_View):
     """One container-control task on the deployment's node (restart vLLM, tail its log) and its answer."""
 
@@ -197,6 +208,9 @@ class DeploymentDetail(_View):
     budget_usd: float | None = None
     ttl_hours: float | None = None
     node: NodeView
+    boot: BootView | None = Field(
+        default=None, description="The startup script's progress on the node (null before the monitor read any)."
+    )
     node_tasks: list[NodeTaskView] = Field(
         default_factory=list, description="The latest container-control tasks (restart, log tail), newest first."
     )

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.domain.cloud import NodePlacement
+from shared.domain.startup_script import node_agent_bundle_problem, sha256_problem
 
 __all__ = ["Settings", "get_settings"]
 
@@ -66,6 +67,13 @@ class Settings(BaseSettings):
     node_subnetwork: str | None = Field(default=None, description="Subnetwork name or path for TPU VMs.")
     node_tags: str = Field(default="", description="Comma-separated network tags (the vLLM firewall rule's target).")
     node_external_ips: bool = Field(default=True, description="false when the VMs reach out through Cloud NAT.")
+    # The node-agent bundle every TPU VM installs (Terraform output node_agent_bundle_uri, and its file's SHA-256).
+    node_agent_bundle: str | None = Field(
+        default=None, description="gs://BUCKET/node-agent/... URI of the node-agent bundle; unset: no node agent."
+    )
+    node_agent_bundle_sha256: str | None = Field(
+        default=None, description="SHA-256 (64 hex) of that bundle; a VM refuses a bundle with another digest."
+    )
 
     @model_validator(mode="after")
     def _gcp_needs_project(self) -> Settings:
@@ -74,7 +82,21 @@ class Settings(BaseSettings):
         if self.clock == "simulator" and not self.tpu_endpoint:
             raise ValueError("TPUCTL_CLOCK: 'simulator' needs TPUCTL_TPU_ENDPOINT (the simulator's http:// URL)")
         self.node_placement()  # a malformed email, network or tag fails at start-up, naming the variable
+        self._check_node_agent_bundle()
         return self
+
+    def _check_node_agent_bundle(self) -> None:
+        """Both or neither; a bad URI or digest fails at start-up, not on a TPU VM minutes into its boot."""
+        uri, digest = self.node_agent_bundle, self.node_agent_bundle_sha256
+        if uri is None and digest is None:
+            return
+        fix = "set it from Terraform (output node_agent_bundle_uri, filesha256 of the bundle make package built)"
+        problem = "missing" if uri is None else node_agent_bundle_problem(uri)
+        if problem:
+            raise ValueError(f"TPUCTL_NODE_AGENT_BUNDLE: {problem}; {fix}")
+        problem = "missing" if digest is None else sha256_problem(digest)
+        if problem:
+            raise ValueError(f"TPUCTL_NODE_AGENT_BUNDLE_SHA256: {problem}; {fix}")
 
     def node_placement(self) -> NodePlacement:
         """The TPU VMs' identity and network, validated; errors name the ``TPUCTL_NODE_*`` variable to fix."""

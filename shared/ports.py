@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, get_args, runtime_checkable
 
+from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.health import ProbeResult
 from shared.domain.models import (
@@ -263,6 +264,14 @@ class TpuApi(Protocol):
     def stop_node(self, zone: str, node_id: str) -> OperationStatus: ...
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus: ...
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        """What the node's VM wrote under ``query_path`` (``tpuctl/``), every worker; [] when nothing yet.
+
+        Untrusted text: read it through ``shared.domain.boot_progress``. NOT_FOUND raises when the node is gone.
+        The service allows about 10 reads a minute per VM: read booting nodes only, once a tick.
+        """
+        ...
 
 
 class QuotaApi(Protocol):

@@ -10,14 +10,35 @@ from __future__ import annotations
 
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings, get_settings
 from shared.ports import Clock, CommandBus, SchedulerApi, SecretStore, StateStore, TpuApi
 
-__all__ = ["LOCAL_PROJECT", "Runtime", "runtime"]
+if TYPE_CHECKING:
+    from shared.domain.serving_plan import ServingEnvironment
+
+__all__ = ["LOCAL_PROJECT", "Runtime", "runtime", "serving_environment"]
 
 LOCAL_PROJECT = "tpuctl-local"
+
+
+def serving_environment(settings: Settings) -> ServingEnvironment:
+    """The one environment plans are built in: the controller deploys with it, the gateway previews with it.
+
+    Secrets by name only; vLLM bound for the firewalled port (the monitor probes it from the VPC); the node-agent
+    bundle the TPU VMs install. Anything that differs between a preview and a deployment would live here.
+    """
+    from shared.domain.serving_plan import ServingEnvironment
+
+    return ServingEnvironment(
+        project=settings.project or LOCAL_PROJECT,
+        hf_token_secret=settings.hf_token_secret,
+        api_key_secret=settings.vllm_api_key_secret,
+        node_agent_bundle=settings.node_agent_bundle or "",
+        node_agent_bundle_sha256=settings.node_agent_bundle_sha256 or "",
+        bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
+    )
 
 
 class Runtime:
@@ -138,20 +159,15 @@ class Runtime:
         )
 
     def startup_script(self, spec: Any) -> str:
-        """The TPU VM startup script for a spec: secrets by reference only, vLLM bound for the firewalled port."""
-        from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+        """The TPU VM startup script for a spec, in the one serving environment (``serving_environment``)."""
+        from shared.domain.serving_plan import build_serving_plan
 
-        environment = ServingEnvironment(
-            project=self.project,
-            hf_token_secret=self.settings.hf_token_secret,
-            api_key_secret=self.settings.vllm_api_key_secret,
-            bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
-        )
-        return str(build_serving_plan(spec, environment).startup_script())
+        return str(build_serving_plan(spec, serving_environment(self.settings)).startup_script())
 
     @cached_property
     def monitor(self) -> Any:
-        """The monitor service on this runtime's ports, probing with the vLLM API key from the secret store."""
+        """The monitor service on this runtime's ports, probing with the vLLM API key from the secret store and
+        reading booting nodes' progress through the TPU port."""
         from shared.adapters.vllm_probe import VllmProbe
         from shared.services.monitor import Monitor, MonitorSettings
 
@@ -162,7 +178,7 @@ class Runtime:
             topic_ticks=self.settings.topic_ticks,
         )
         probe = VllmProbe(api_key=self.secrets.get(self.settings.vllm_api_key_secret))
-        return Monitor(self.store, probe, self.bus, self.clock, settings)
+        return Monitor(self.store, probe, self.bus, self.clock, settings, tpu=self.tpu)
 
     @cached_property
     def benchmarker(self) -> Any:

@@ -844,6 +844,34 @@ class ComputeEngine:
             world._after(world._timing(zone, "boot_s"), self._on_boot, instance, instance.epoch)
             return self._render_op(op)
 
+    def guest_attributes(
+        self, project: str, zone: str, name: str, query_path: str = "", variable_key: str = ""
+    ) -> dict[str, Any]:
+        """GET …/instances/{name}/getGuestAttributes: ``queryPath`` (``NS/``) or ``variableKey`` (``NS/KEY``). Like
+        Compute Engine, a path or key with nothing written yet is a 404, as is a missing instance."""
+        with self._world._transaction():
+            self._check_project(project)
+            self._zone_spec(zone, permission="compute.instances.getGuestAttributes")
+            instance = self._require(zone, name)
+            wanted = variable_key or query_path
+            namespace, _, key = wanted.strip("/").partition("/")
+            found = sorted(
+                (ns, item, value)
+                for (ns, item), value in instance.guest_attributes.items()
+                if (not namespace or ns == namespace) and (not key or item == key)
+            )
+        if not found or (variable_key and not key):
+            raise ComputeApiError(
+                404,
+                f"The resource '{self._instance_url(instance)}/guestAttributes/{wanted}' was not found",
+                reason="notFound",
+            )
+        body: dict[str, Any] = {"kind": "compute#guestAttributes", "selfLink": self._instance_url(instance)}
+        if variable_key:
+            return {**body, "variableKey": variable_key, "variableValue": found[0][2]}
+        items = [{"namespace": ns, "key": item, "value": value} for ns, item, value in found]
+        return {**body, "queryPath": query_path, "queryValue": {"items": items}}
+
     # ------------------------------------------------------------------ operations and machine types
 
     def get_operation(self, project: str, zone: str, name: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the same JSON either way. Paths (gcp-local.md §5.x)::
     POST|GET  /compute/v1/projects/P/zones/Z/instances            insert (requestId) | list (filter)
     GET|DELETE /compute/v1/projects/P/zones/Z/instances/N         get | delete (requestId)
     POST      /compute/v1/projects/P/zones/Z/instances/N/stop|start
+    GET       /compute/v1/projects/P/zones/Z/instances/N/getGuestAttributes  queryPath or variableKey
     GET       /compute/v1/projects/P/aggregated/instances         every zone at once (filter)
     GET       /compute/v1/projects/P/zones/Z/operations[/OP]      zonal operations
     GET       /compute/v1/projects/P/zones/Z/machineTypes[/M]     ct6e-standard-1t/4t/8t …
@@ -175,6 +176,11 @@ def _routes() -> list[tuple[str, re.Pattern[str], str, Handler]]:
     def start(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
         return 200, w.compute.start(p["project"], p["zone"], p["name"])
 
+    def guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+        return 200, w.compute.guest_attributes(
+            p["project"], p["zone"], p["name"], q.get("queryPath", ""), q.get("variableKey", "")
+        )
+
     def get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
         return 200, w.compute.get_operation(p["project"], p["zone"], p["name"])
 
@@ -208,6 +214,12 @@ def _routes() -> list[tuple[str, re.Pattern[str], str, Handler]]:
         ("DELETE", _ZONE + r"/instances/(?P<name>[^/]+)$", "compute.instances.delete", delete_instance),
         ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/stop$", "compute.instances.stop", stop),
         ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/start$", "compute.instances.start", start),
+        (
+            "GET",
+            _ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$",
+            "compute.instances.getGuestAttributes",
+            guest_attributes,
+        ),
         ("GET", _PROJECT + r"/aggregated/instances$", "compute.instances.aggregatedList", aggregated),
         ("GET", _ZONE + r"/operations$", "compute.zoneOperations.list", list_ops),
         ("GET", _ZONE + r"/operations/(?P<name>[^/]+)$", "compute.zoneOperations.get", get_op),

@@ -109,8 +109,7 @@ def _routes() -> list[tuple[str, re.Pattern[str], str, RouteHandler]]:
         return 200, w.start_node(p["project"], p["zone"], p["id"])
 
     def guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        w.get_node(p["project"], p["zone"], p["id"])
-        return 200, {"guestAttributes": []}
+        return 200, w.get_guest_attributes(p["project"], p["zone"], p["id"], b if isinstance(b, dict) else {})
 
     def get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
         return 200, w.get_operation(p["project"], p["zone"], p["id"])

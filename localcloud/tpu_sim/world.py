@@ -131,6 +131,8 @@ class SimNode:
     epoch: int = 0
     pending_ops: list[str] = field(default_factory=list)
     delete_op: str | None = None
+    # (namespace, key) -> value written by the VM. Per VM: gone with the node, kept across stop and start.
+    guest_attributes: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -205,6 +207,25 @@ class _Event:
     seq: int
     action: Callable[..., None] = field(compare=False)
     args: tuple[Any, ...] = field(compare=False, default=())
+
+
+_GUEST_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _check_guest_name(field: str, value: str) -> None:
+    """Namespaces and keys are one path segment each; kept to the letters, digits, ``-`` and ``_`` Google's own
+    agents and the startup script use, so a path trick never becomes a name."""
+    if not _GUEST_NAME.fullmatch(value):
+        raise ValueError(f"{field}: {value!r} is not a guest attribute name (1-128 of A-Z a-z 0-9 - _)")
+
+
+def _guest_items(node: SimNode, query_path: str) -> list[tuple[str, str, str]]:
+    namespace, _, key = query_path.strip("/").partition("/")
+    return sorted(
+        (ns, name, value)
+        for (ns, name), value in node.guest_attributes.items()
+        if (not namespace or ns == namespace) and (not key or name == key)
+    )
 
 
 def _node_sort_key(node: SimNode) -> tuple[str, str, float]:
@@ -1683,6 +1704,50 @@ class World:
             node.port = port
             self._log("node.endpoint", zone, node_id, f"{ip_address}:{port}")
             return self._render_node(node)
+
+    # ------------------------------------------------------------------ guest attributes
+
+    def _vm(self, zone: str, node_id: str) -> SimNode:
+        """A TPU API node or a Compute Engine instance by name; KeyError when neither exists."""
+        node = self._nodes.get((zone, node_id)) or self.compute.node(zone, node_id)
+        if node is None:
+            raise KeyError(f"node: {zone}/{node_id} does not exist")
+        return node
+
+    def put_guest_attribute(self, zone: str, node_id: str, namespace: str, key: str, value: str) -> None:
+        """What the VM's metadata server does on ``PUT guest-attributes/NS/KEY``. Attributes belong to the VM: they
+        go with the node when it is deleted and are kept across a stop and start, as nothing in Google's documents
+        says they are cleared (so a new boot first sees the last boot's values: readers must cope)."""
+        _check_guest_name("namespace", namespace)
+        _check_guest_name("key", key)
+        with self._transaction():
+            self._vm(zone, node_id).guest_attributes[(namespace, key)] = str(value)
+
+    def delete_guest_attribute(self, zone: str, node_id: str, namespace: str, key: str) -> None:
+        """``DELETE guest-attributes/NS/KEY``: gone (no error when it was not there); KeyError for an unknown node."""
+        with self._transaction():
+            self._vm(zone, node_id).guest_attributes.pop((namespace, key), None)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> list[tuple[str, str, str]]:
+        """(namespace, key, value) under ``query_path`` (``""`` or ``/``: all, ``NS/``: a namespace, ``NS/KEY``:
+        one key), sorted; KeyError for an unknown node."""
+        with self._transaction():
+            return _guest_items(self._vm(zone, node_id), query_path)
+
+    def get_guest_attributes(self, project: str, zone: str, node_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST …/nodes/N:getGuestAttributes`` as the TPU API answers: an entry per worker asked for that has
+        something under ``queryPath`` (a simulated node has worker 0 only), in worker order; the v2
+        ``GuestAttributes`` message carries no worker id."""
+        query_path = str(body.get("queryPath") or "")
+        workers = [str(worker) for worker in body.get("workerIds") or []]
+        with self._transaction():
+            self._check_project(project)
+            self._check_zone(zone)
+            found = _guest_items(self._require_node(zone, node_id), query_path)
+        if (workers and "0" not in workers) or not found:
+            return {"guestAttributes": []}
+        items = [{"namespace": ns, "key": key, "value": value} for ns, key, value in found]
+        return {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
 
     def inject_fault(self, spec: FaultSpec | dict[str, Any]) -> None:
         """Answer the next ``times`` calls of ``endpoint`` (e.g. get_operation, or ``*``) with an error."""

@@ -53,6 +53,7 @@ from google.cloud import compute_v1
 
 from shared.adapters.gcp_tpu import cloud_error_from_exception
 from shared.domain.backends import MACHINE_TYPES, accelerator_of_machine_type, machine_type_of
+from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import Backend, NodeState, QueuedResourceState, Tier
@@ -72,6 +73,7 @@ DEFAULT_IMAGE_FAMILY = (
 )
 BOOT_DISK_GB = 200
 ENDPOINT_METADATA_KEY = "tpuctl-endpoint"
+_MAX_GUEST_ENTRIES = 64  # a hostile VM could write thousands of keys; a few are ever read
 _OPERATION_NAME = re.compile(r"^projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)$")
 
 # ---------------------------------------------------------------------------------------------- state table
@@ -382,8 +384,12 @@ class ComputeEngineTpu:
         if params is not None:
             instance.params = params
         if request.startup_script:
+            # Compute Engine keeps guest attributes off unless asked: the script reports boot progress there.
             instance.metadata = compute_v1.Metadata(
-                items=[compute_v1.Items(key="startup-script", value=request.startup_script)]
+                items=[
+                    compute_v1.Items(key="startup-script", value=request.startup_script),
+                    compute_v1.Items(key="enable-guest-attributes", value="TRUE"),
+                ]
             )
         if request.tier is Tier.RESERVATION:
             if not request.reservation_name:
@@ -493,6 +499,24 @@ class ComputeEngineTpu:
                 project=self.project, zone=zone, instance=node_id, retry=None, timeout=self._timeout_s
             )
         return self._op_status(zone, op)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        """``instances.getGuestAttributes``. Compute answers 404 both for a missing instance and for a path the VM
+        has not written yet, so a 404 is told apart with one ``get`` (only until the first write)."""
+        request = compute_v1.GetGuestAttributesInstanceRequest(
+            project=self.project, zone=zone, instance=node_id, query_path=query_path
+        )
+        try:
+            with _translated():
+                answer = self.instances.get_guest_attributes(request=request, retry=None, timeout=self._timeout_s)
+        except CloudError as exc:
+            if exc.error_class is not ErrorClass.NOT_FOUND or self.get(zone, node_id) is None:
+                raise
+            return []
+        return [
+            GuestAttribute(entry.namespace, entry.key, entry.value)
+            for entry in answer.query_value.items[:_MAX_GUEST_ENTRIES]
+        ]
 
 
 # ---------------------------------------------------------------------------------------------- observation

@@ -11,7 +11,7 @@ vLLM image, which has neither; httpx speaks HTTP over the mounted ``/var/run/doc
   length); with a TTY it is the plain output. The logs endpoint does not reliably set ``Content-Type``, so
   :class:`LogStreamDecoder` looks at the first header instead.
 
-The local cloud serves the same subset on a per-node socket (``localcloud.container_api``), so the node agent
+The VM twin's container runtime serves the same subset (``localcloud.vm_twin.containers``), so the node agent
 has one code path on a TPU VM and on a laptop. Errors are classified once, here: no such container, no socket,
 no permission and bad requests are ``PermanentError``; a refused connection (engine down), timeouts and 5xx
 are ``TransientError``.

@@ -42,6 +42,7 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import duration_pb2, json_format
 
+from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import RPC_CODE_NAMES, CloudError, ErrorClass
 from shared.domain.models import NodeState, QueuedResourceState, Tier
@@ -59,6 +60,8 @@ DEFAULT_ENDPOINT = "https://tpu.googleapis.com"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 TPU_RUNTIME_PORT = 8470
 VLLM_PORT = 8000  # shared.domain.launch.EngineConfig.port: where the startup script's vLLM listens
+_MAX_WORKERS = 64  # hosts of the largest slice this controller asks for, with room
+_MAX_GUEST_ENTRIES = 64  # a hostile VM could write thousands of keys; a few are ever read
 
 # ---------------------------------------------------------------------------------------------- state tables
 
@@ -755,6 +758,17 @@ class GcpTpuApi:
                 request=tpu_v2.StartNodeRequest(name=self._node_name(zone, node_id)), timeout=self._timeout_s
             )
         return _op_status(operation.operation)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        """``nodes.getGuestAttributes`` for every worker; answers come in worker order (the proto has no id)."""
+        request = tpu_v2.GetGuestAttributesRequest(name=self._node_name(zone, node_id), query_path=query_path)
+        with _translated():
+            answer = self.client.get_guest_attributes(request=request, timeout=self._timeout_s)
+        return [
+            GuestAttribute(entry.namespace, entry.key, entry.value, worker)
+            for worker, found in enumerate(answer.guest_attributes[:_MAX_WORKERS])
+            for entry in found.query_value.items[:_MAX_GUEST_ENTRIES]
+        ]
 
     # ---- observation
 

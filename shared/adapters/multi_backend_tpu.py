@@ -10,9 +10,10 @@ the planner think the other half vanished.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import Backend
@@ -96,11 +97,14 @@ class MultiBackendTpu:
             zone, resource_id, lambda api: api.delete(zone, resource_id, force=force, request_id=request_id)
         )
 
-    def _node_call(self, zone: str, node_id: str, call: Callable[[TpuApi], OperationStatus]) -> OperationStatus:
+    def _node_call(self, zone: str, node_id: str, call: Callable[[TpuApi], T]) -> T:
+        """Ask where the node was seen first, then the others; NOT_FOUND everywhere raises the last one."""
         last: CloudError | None = None
         for backend in self._order(zone, node_id):
             try:
-                return call(self._backends[backend])
+                result = call(self._backends[backend])
+                self._located[(zone, node_id)] = backend
+                return result
             except CloudError as exc:
                 if exc.error_class is not ErrorClass.NOT_FOUND:
                     raise
@@ -113,6 +117,9 @@ class MultiBackendTpu:
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus:
         return self._node_call(zone, node_id, lambda api: api.start_node(zone, node_id))
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        return self._node_call(zone, node_id, lambda api: api.guest_attributes(zone, node_id, query_path))
 
     def close(self) -> None:
         """Close every back end that holds connections."""

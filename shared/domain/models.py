@@ -19,6 +19,7 @@ __all__ = [
     "AttemptLog",
     "Backend",
     "BenchmarkRun",
+    "BootProgress",
     "CommandRecord",
     "DeploymentId",
     "DeploymentRecord",
@@ -288,6 +289,23 @@ class AttemptLog(BaseModel):
     detail: str = ""
 
 
+class BootProgress(BaseModel):
+    """What a booting node's startup script last reported (guest attributes ``tpuctl/*``), as the monitor read it.
+
+    ``stage`` is one of the script's phases and ``detail`` its cleaned, bounded text (shared.domain.boot_progress);
+    ``boot`` is the script run's start stamp (VM clock, ms), only ever compared with other stamps of ``node``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(max_length=63)
+    stage: str = Field(max_length=16)
+    detail: str = Field(default="", max_length=300)
+    boot: int = Field(default=0, ge=0)
+    stage_since: UtcDateTime
+    seen_at: UtcDateTime
+
+
 class DeploymentStatus(BaseModel):
     """What the reconciler and monitor last observed."""
 
@@ -310,6 +328,7 @@ class DeploymentStatus(BaseModel):
     serving_since: UtcDateTime | None = None
     last_request_at: UtcDateTime | None = None
     node_system: dict[str, Any] | None = None  # what the node agent reported at boot (OS, CPU, RAM, accelerator)
+    boot: BootProgress | None = None  # the startup script's progress on the booting node (monitor-owned)
 
 
 class DeploymentRecord(BaseModel):

@@ -19,7 +19,8 @@ stay queued ("parked") until their own valid-until, no longer counted toward the
 waiting request costs nothing and the provider hands chips to it the moment they appear; so the
 search soon has a request waiting in every pair, as the issue asks of WAITING_FOR_RESOURCES. A
 request that found capacity (PROVISIONING) is never cut short; the first ACTIVE slice wins and every
-other request (parked ones too) is force-deleted and verified gone.
+other request (parked ones too) is force-deleted and verified gone. A generation whose boot failed (the
+monitor read ``failed`` from its node's startup script and set FAILED) has every slice deleted and stays FAILED.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from shared.domain.backends import blocking_entry_for, candidate_backends, learn_for_backend, rank_backends
+from shared.domain.boot_progress import BOOT_FAILED
 from shared.domain.cloud import (
     LABEL_DEPLOYMENT,
     LABEL_GENERATION,
@@ -377,7 +379,9 @@ class _Planning:
             if ref.delete_requested_at is not None:
                 self.request_delete(ref, "delete not confirmed yet")  # level-triggered: repeat until gone
         absent_reason = self.teardown_reason()
-        if self.record.desired is Desired.PRESENT and absent_reason is None:
+        if self.boot_failed():
+            self.release_failed_boot()
+        elif self.record.desired is Desired.PRESENT and absent_reason is None:
             self.reconcile_present()
         else:
             self.reconcile_release(absent_reason)
@@ -514,6 +518,25 @@ class _Planning:
                 usd, _ = estimated_price(ref.zone, ref.tier, self.spec.accelerator, self.price)
                 total += usd * self.spec.chips
         return total
+
+    def boot_failed(self) -> bool:
+        """The monitor read ``failed`` from a node of this generation and ended it (FAILED): it stays ended."""
+        boot = self.before.boot
+        if self.record.desired is not Desired.PRESENT or self.before.phase is not Phase.FAILED or boot is None:
+            return False
+        parsed = parse_resource_name(boot.node)
+        return boot.stage == BOOT_FAILED and parsed is not None and parsed[0] == self.generation
+
+    def release_failed_boot(self) -> None:
+        """Delete every slice (a serving older generation too: nothing bills on), keep FAILED and its reason.
+        A new generation (``deployment.update``) or a delete and create starts again."""
+        for ref in list(self.refs.values()):
+            if ref.name in self.observed:
+                self.request_delete(ref, "the boot failed")
+            elif ref.state is QueuedResourceState.UNKNOWN:
+                self.drop(ref, "cancelled", "create never confirmed")
+        if not self.refs:
+            self.status.endpoint = None
 
     # -- desired absent or stopped --------------------------------------------------------------------
 

@@ -20,17 +20,16 @@ from shared.domain.launch import API_KEY_FILE, DEFAULT_IMAGE, EngineConfig, Vllm
 from shared.domain.models import DeploymentSpec, Tier
 from shared.domain.startup_script import (
     StartupScriptInputs,
+    node_agent_bundle_problem,
     plan_hash,
     render_startup_script,
     secret_resource,
+    sha256_problem,
 )
 
 __all__ = ["NODE_AGENT_ENV_NAMES", "ServingEnvironment", "ServingPlan", "build_serving_plan"]
 
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-_REQUIREMENT = re.compile(
-    r"^([A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?(==[A-Za-z0-9.+!_-]+)?|https://[^\s'\"]+\.whl)$"
-)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
 # The node agent reads these (python -m shared.bench.node_agent on the VM).
@@ -48,7 +47,11 @@ NODE_AGENT_ENV_NAMES = (
 
 @dataclass(frozen=True, slots=True)
 class ServingEnvironment:
-    """Where and how plans run: project, secret names (from Settings), the pinned image, the node agent."""
+    """Where and how plans run: project, secret names (from Settings), the pinned image, the node agent.
+
+    ``shared.wiring.serving_environment(settings)`` builds the one instance the controller deploys with and the
+    gateway previews with, so a previewed plan is the plan that runs.
+    """
 
     project: str
     # Secret Manager secret names (Settings.hf_token_secret / vllm_api_key_secret), never values.
@@ -56,17 +59,27 @@ class ServingEnvironment:
     api_key_secret: str = "tpuctl-vllm-api-key"  # noqa: S105
     secret_version: str = "latest"  # noqa: S105 - Secret Manager's version alias; rotate by adding a version
     image: str = DEFAULT_IMAGE
-    node_agent_requirement: str = ""  # pip requirement that installs tpuctl on the VM; "" = no node agent
+    # gs:// URI and SHA-256 of the node-agent bundle (make package; Terraform uploads it); "" = no node agent.
+    node_agent_bundle: str = ""
+    node_agent_bundle_sha256: str = ""
     bind_host: str = "127.0.0.1"
     port: int = 8000
 
     def __post_init__(self) -> None:
         if not _PROJECT.fullmatch(self.project):
             raise InvalidMessage("project", f"{self.project!r} is not a project id", "6-30 chars, [a-z0-9-]")
-        if self.node_agent_requirement and not _REQUIREMENT.fullmatch(self.node_agent_requirement):
-            raise InvalidMessage(
-                "node_agent_requirement", "is not a pip requirement", "e.g. tpuctl==0.1.0 or an https://….whl URL"
-            )
+        self._check_node_agent_bundle()
+
+    def _check_node_agent_bundle(self) -> None:
+        if not (self.node_agent_bundle or self.node_agent_bundle_sha256):
+            return
+        fix = "use Terraform's output node_agent_bundle_uri and the SHA-256 of the file make package printed"
+        problem = node_agent_bundle_problem(self.node_agent_bundle)
+        if problem:
+            raise InvalidMessage("node_agent_bundle", problem, fix)
+        problem = sha256_problem(self.node_agent_bundle_sha256)
+        if problem:
+            raise InvalidMessage("node_agent_bundle_sha256", problem, fix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +130,8 @@ class ServingPlan:
                 model_revision=self.engine.revision or "",
                 hf_token_secret=self.hf_token_resource,
                 api_key_secret=self.api_key_resource,
-                node_agent_requirement=self.environment.node_agent_requirement,
+                node_agent_bundle=self.environment.node_agent_bundle,
+                node_agent_bundle_sha256=self.environment.node_agent_bundle_sha256,
                 node_agent_env=agent_env,
             )
         )

@@ -22,11 +22,14 @@ __all__ = [
     "BOOT_LOG_PREFIX",
     "BOOT_PHASES",
     "GUEST_ATTRIBUTE_NAMESPACE",
+    "NODE_AGENT_DISTRIBUTION",
     "NODE_AGENT_MODULE",
     "SECRET_RESOURCE_PATTERN",
     "StartupScriptInputs",
+    "node_agent_bundle_problem",
     "render_startup_script",
     "secret_resource",
+    "sha256_problem",
     "values_block",
 ]
 
@@ -45,10 +48,16 @@ BOOT_PHASES = (
     "failed",
 )
 NODE_AGENT_MODULE = "shared.bench.node_agent"
+# The wheel scripts/package_node_agent.py builds; the template installs it by this name (a test holds them equal).
+NODE_AGENT_DISTRIBUTION = "tpuctl-node-agent"
+NODE_AGENT_PREFIX = "node-agent/"  # the only prefix the TPU VM's account may read (terraform/modules/identities)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+_OBJECT_SEGMENT = re.compile(r"^[A-Za-z0-9_+=-][A-Za-z0-9._+=-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SECRET_RESOURCE_PATTERN = re.compile(
     r"^projects/[a-z0-9-]{1,63}/secrets/[A-Za-z0-9_-]{1,255}/versions/([1-9][0-9]*|latest)$"
 )
-_SLOT = re.compile(r"@@[A-Z_]+@@")
+_SLOT = re.compile(r"@@[A-Z][A-Z0-9_]*@@")
 VALUES_START = "# ---- values (rendered; every value is shell-quoted) ----"
 VALUES_END = "# ---- end of values ----"
 
@@ -63,6 +72,25 @@ def secret_resource(project: str, secret: str, version: str = "latest") -> str:
     return resource
 
 
+def node_agent_bundle_problem(uri: str) -> str | None:
+    """Why ``uri`` is not a ``gs://BUCKET/node-agent/...`` object the VM can fetch, or None when it is one."""
+    if not uri.startswith("gs://"):
+        return f"{uri!r} is not a gs:// URI"
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket or bucket.startswith("goog"):
+        return f"{bucket!r} is not a Cloud Storage bucket name (3-63 of a-z 0-9 - _ .)"
+    if not name.startswith(NODE_AGENT_PREFIX) or len(name.encode()) > 1024:
+        return f"object {name!r} is not under {NODE_AGENT_PREFIX} (the only prefix TPU VMs may read)"
+    if not all(_OBJECT_SEGMENT.fullmatch(part) for part in name.split("/")):
+        return f"object {name!r} has an empty, dot-leading or unusual path segment (use A-Z a-z 0-9 . _ + = -)"
+    return None
+
+
+def sha256_problem(digest: str) -> str | None:
+    """Why ``digest`` is not a lower-case hex SHA-256, or None."""
+    return None if _SHA256.fullmatch(digest) else f"{digest!r} is not 64 lower-case hex digits"
+
+
 @dataclass(frozen=True, slots=True)
 class StartupScriptInputs:
     """Everything the script needs. Plain strings: the renderer quotes each one; the plan validates them."""
@@ -73,7 +101,8 @@ class StartupScriptInputs:
     model_revision: str
     hf_token_secret: str  # Secret Manager resource name, "" when the model needs no token
     api_key_secret: str  # Secret Manager resource name
-    node_agent_requirement: str  # pip requirement for tpuctl on the VM, "" to skip the node agent
+    node_agent_bundle: str  # gs:// URI of the node-agent wheelhouse bundle, "" to skip the node agent
+    node_agent_bundle_sha256: str  # its SHA-256 (hex); the VM refuses a bundle with another digest
     node_agent_env: tuple[tuple[str, str], ...] = ()
     container_name: str = "tpuctl-vllm"
 
@@ -128,7 +157,8 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "HEALTH_URL": _quote("health_url", _health_url(launch)),
         "READY_TIMEOUT_S": _quote("ready_timeout_s", str(launch.ready_timeout_s)),
         "WEIGHTS_MARKER": _quote("weights_marker", marker),
-        "NODE_AGENT_REQUIREMENT": _quote("node_agent_requirement", inputs.node_agent_requirement),
+        "NODE_AGENT_BUNDLE": _quote("node_agent_bundle", inputs.node_agent_bundle),
+        "NODE_AGENT_BUNDLE_SHA256": _quote("node_agent_bundle_sha256", inputs.node_agent_bundle_sha256),
         "CONTAINER_HF_CACHE": _quote("hf_cache_dir", launch.hf_cache_dir),
         "CONTAINER_VLLM_CACHE": _quote("vllm_cache_dir", launch.vllm_cache_dir),
         "CONTAINER_KEY_DIR": _quote("api_key_dir", API_KEY_MOUNT_DIR),

@@ -9,7 +9,7 @@ TEMPLATE = r"""#!/bin/bash
 # Runs as root on every boot and is safe to run again. Secrets are read from Secret Manager with the VM's own
 # service account straight into files on tmpfs (mode 0400): they never enter a shell variable, an argv, a
 # container's configured environment, metadata or this log. There is no `set -x` anywhere in this script.
-set -euo pipefail
+set -Eeuo pipefail
 umask 077
 
 # ---- values (rendered; every value is shell-quoted) ----
@@ -24,7 +24,8 @@ CONTAINER=@@CONTAINER@@
 HEALTH_URL=@@HEALTH_URL@@
 READY_TIMEOUT_S=@@READY_TIMEOUT_S@@
 WEIGHTS_MARKER=@@WEIGHTS_MARKER@@
-NODE_AGENT_REQUIREMENT=@@NODE_AGENT_REQUIREMENT@@
+NODE_AGENT_BUNDLE=@@NODE_AGENT_BUNDLE@@
+NODE_AGENT_BUNDLE_SHA256=@@NODE_AGENT_BUNDLE_SHA256@@
 CONTAINER_HF_CACHE=@@CONTAINER_HF_CACHE@@
 CONTAINER_VLLM_CACHE=@@CONTAINER_VLLM_CACHE@@
 CONTAINER_KEY_DIR=@@CONTAINER_KEY_DIR@@
@@ -42,8 +43,15 @@ NODE_AGENT_ENV=(
 )
 # ---- end of values ----
 readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
-readonly READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_REQUIREMENT CONTAINER_HF_CACHE CONTAINER_VLLM_CACHE
-readonly CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
+readonly READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256 CONTAINER_HF_CACHE
+readonly CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
+
+# Google endpoints: production unless this script's own environment names another with the standard variables
+# (google-auth's GCE_METADATA_HOST, gcloud's CLOUDSDK_API_ENDPOINT_OVERRIDES_*, each ending in "/"), which is how a
+# local VM twin runs this same script. They are never rendered: no plan or user input can move them.
+readonly METADATA_BASE="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
+readonly SECRETMANAGER_API="${CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER:-https://secretmanager.googleapis.com/}"
+readonly STORAGE_API="${CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE:-https://storage.googleapis.com/storage/v1/}"
 
 # Persistent caches live on the boot disk and are reused after a reboot; secrets live on tmpfs (/run).
 readonly STATE_DIR=/var/lib/tpuctl
@@ -54,8 +62,9 @@ readonly SECRETS_DIR=/run/tpuctl
 readonly SERVING_SECRETS="${SECRETS_DIR}/serving"
 readonly DOWNLOAD_SECRETS="${SECRETS_DIR}/download"
 readonly BOOT_LOG=/var/log/tpuctl-boot.log
-readonly GUEST_ATTRIBUTES=http://metadata.google.internal/computeMetadata/v1/instance/guest-attributes/tpuctl
+readonly GUEST_ATTRIBUTES="${METADATA_BASE}/instance/guest-attributes/tpuctl"
 readonly AGENT_CONTAINER=tpuctl-node-agent
+readonly AGENT_DISTRIBUTION=tpuctl-node-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
 # Runs inside the download container; the model id and revision arrive as argv words, never as code.
 readonly DOWNLOAD_PY='import sys
@@ -68,17 +77,38 @@ log() {
     | tee -a "${BOOT_LOG}"
 }
 
-# Boot progress for the monitor: a log line (serial console, journal) and guest attributes tpuctl/phase, /detail.
+# Boot progress for the monitor: a log line (serial console, journal) and guest attributes tpuctl/detail, then
+# tpuctl/phase (a reader that sees a phase sees its detail), then once per run tpuctl/boot, when this run began
+# (epoch ms): guest attributes outlive a reboot, and the stamp tells this boot's values from an earlier boot's
+# (shared/domain/boot_progress.py). Values go on stdin, so a detail starting with @ is never read as a file name.
 progress() {
+  PROGRESS_PHASE="$1"
+  PROGRESS_DETAIL="$2"
+  BOOT_STARTED="${BOOT_STARTED:-$(date -u +%s%3N)}"
   log "phase=$1 detail=$2"
-  curl -s -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary "$1" "${GUEST_ATTRIBUTES}/phase" \
-    >/dev/null 2>&1 || true
-  curl -s -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary "$2" "${GUEST_ATTRIBUTES}/detail" \
-    >/dev/null 2>&1 || true
+  local key value
+  for key in detail phase boot; do
+    case "${key}" in
+      detail) value="$2" ;;
+      phase) value="$1" ;;
+      *)
+        [[ -z "${BOOT_STAMP_SENT:-}" ]] || continue
+        value="${BOOT_STARTED}"
+        ;;
+    esac
+    if printf '%s' "${value}" | curl -sf -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary @- \
+      "${GUEST_ATTRIBUTES}/${key}" >/dev/null 2>&1 && [[ "${key}" == boot ]]; then
+      BOOT_STAMP_SENT=1
+    fi
+  done
 }
 
+# The ERR trap fires where main was called, so the reason names the step that was running (a step that already
+# reported failed keeps its own, more precise reason).
 on_error() {
-  progress failed "line $1 exit $2"
+  if [[ "${PROGRESS_PHASE:-}" != failed ]]; then
+    progress failed "${PROGRESS_PHASE:-booting} step (${PROGRESS_DETAIL:-}) exited $2 at line $1"
+  fi
 }
 
 cleanup() {
@@ -106,25 +136,42 @@ retry() {
 # fetch_secret RESOURCE OUT_FILE: metadata-server token -> Secret Manager :access -> file (0400), all inside Python.
 fetch_secret() {
   rm -f "$2.tmp"
-  python3 - "$1" "$2.tmp" <<'PY'
+  python3 - "${METADATA_BASE}" "${SECRETMANAGER_API}" "$1" "$2.tmp" <<'PY'
 import base64, json, os, sys, urllib.request
 
-resource, out = sys.argv[1], sys.argv[2]
+metadata_base, api, resource, out = sys.argv[1:5]
 metadata = urllib.request.Request(
-    "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
-    headers={"Metadata-Flavor": "Google"},
+    metadata_base + "/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
 )
 with urllib.request.urlopen(metadata, timeout=10) as response:
     access = json.load(response)["access_token"]
-request = urllib.request.Request(
-    "https://secretmanager.googleapis.com/v1/" + resource + ":access",
-    headers={"Authorization": "Bearer " + access},
-)
+request = urllib.request.Request(api + "v1/" + resource + ":access", headers={"Authorization": "Bearer " + access})
 with urllib.request.urlopen(request, timeout=30) as response:
     payload = base64.b64decode(json.load(response)["payload"]["data"])
 descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
 with os.fdopen(descriptor, "wb") as handle:
     handle.write(payload)
+PY
+  mv -f "$2.tmp" "$2"
+}
+
+# fetch_object GS_URI OUT_FILE: metadata-server token -> Cloud Storage object GET (alt=media) -> file, in Python.
+fetch_object() {
+  rm -f "$2.tmp"
+  python3 - "${METADATA_BASE}" "${STORAGE_API}" "$1" "$2.tmp" <<'PY'
+import json, shutil, sys, urllib.parse, urllib.request
+
+metadata_base, api, uri, out = sys.argv[1:5]
+bucket, _, name = uri[len("gs://") :].partition("/")
+metadata = urllib.request.Request(
+    metadata_base + "/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
+)
+with urllib.request.urlopen(metadata, timeout=10) as response:
+    access = json.load(response)["access_token"]
+url = api + "b/" + urllib.parse.quote(bucket, safe="") + "/o/" + urllib.parse.quote(name, safe="") + "?alt=media"
+request = urllib.request.Request(url, headers={"Authorization": "Bearer " + access})
+with urllib.request.urlopen(request, timeout=120) as response, open(out, "wb") as handle:
+    shutil.copyfileobj(response, handle)
 PY
   mv -f "$2.tmp" "$2"
 }
@@ -180,19 +227,49 @@ start_vllm() {
     >/dev/null
 }
 
-# The node agent (python -m shared.bench.node_agent) runs from the pinned image's Python with tpuctl
-# installed into a host directory; it reads the API key from the same mounted file as vLLM. It restarts and
-# tails the serving container (serving.restart, serving.logs) through the Docker socket mounted into it.
-start_node_agent() {
-  if [[ -z "${NODE_AGENT_REQUIREMENT}" ]]; then
-    progress node-agent "not configured"
+# The node-agent bundle (scripts/package_node_agent.py: our wheel and its dependencies' wheels) is fetched from
+# Cloud Storage, checked against the SHA-256 the controller was deployed with, and installed by the pinned image's
+# pip into a host directory, offline (--no-index, no network). A digest mismatch fails the boot before vLLM starts.
+install_node_agent() {
+  local bundle="${AGENT_DIR}/bundle.tar.gz" actual
+  if [[ -z "${NODE_AGENT_BUNDLE}" ]]; then
     return 0
   fi
-  if [[ ! -f "${AGENT_DIR}/installed" || "$(cat "${AGENT_DIR}/installed")" != "${NODE_AGENT_REQUIREMENT}" ]]; then
-    rm -rf "${AGENT_DIR:?}/lib"
-    retry 3 10 docker run --rm --net=host -v "${AGENT_DIR}:/opt/tpuctl" --entrypoint python3 "${IMAGE}" \
-      -m pip install --quiet --disable-pip-version-check --target /opt/tpuctl/lib "${NODE_AGENT_REQUIREMENT}"
-    printf '%s' "${NODE_AGENT_REQUIREMENT}" >"${AGENT_DIR}/installed"
+  if [[ -f "${AGENT_DIR}/installed" && "$(cat "${AGENT_DIR}/installed")" == "${NODE_AGENT_BUNDLE_SHA256}" ]]; then
+    progress node-agent "bundle ${NODE_AGENT_BUNDLE_SHA256:0:12} already installed"
+    return 0
+  fi
+  progress node-agent "fetching ${NODE_AGENT_BUNDLE}"
+  docker rm -f "${AGENT_CONTAINER}" >/dev/null 2>&1 || true
+  rm -rf "${AGENT_DIR:?}/lib" "${AGENT_DIR:?}/wheelhouse" "${AGENT_DIR}/installed"
+  if ! retry 5 5 fetch_object "${NODE_AGENT_BUNDLE}" "${bundle}"; then
+    progress failed "node-agent bundle ${NODE_AGENT_BUNDLE} could not be fetched (see the boot log)"
+    exit 1
+  fi
+  actual="$(sha256sum "${bundle}" | cut -d ' ' -f 1)"
+  if [[ "${actual}" != "${NODE_AGENT_BUNDLE_SHA256}" ]]; then
+    rm -f "${bundle}"
+    log "the node-agent bundle is not the one the controller was deployed with: run make package, terraform apply"
+    progress failed "node-agent bundle sha256 mismatch: got ${actual}, expected ${NODE_AGENT_BUNDLE_SHA256}"
+    exit 1
+  fi
+  tar -xzf "${bundle}" -C "${AGENT_DIR}" --no-same-owner --no-same-permissions wheelhouse
+  rm -f "${bundle}"
+  retry 3 10 docker run --rm --net=none -v "${AGENT_DIR}:/opt/tpuctl" --entrypoint python3 "${IMAGE}" \
+    -m pip install --quiet --disable-pip-version-check --no-index --find-links /opt/tpuctl/wheelhouse \
+    --target /opt/tpuctl/lib "${AGENT_DISTRIBUTION}"
+  rm -rf "${AGENT_DIR:?}/wheelhouse"
+  printf '%s' "${NODE_AGENT_BUNDLE_SHA256}" >"${AGENT_DIR}/installed"
+  progress node-agent "bundle ${NODE_AGENT_BUNDLE_SHA256:0:12} installed"
+}
+
+# The node agent (python -m shared.bench.node_agent) runs from the pinned image's Python with the bundle installed
+# into a host directory; it reads the API key from the same mounted file as vLLM. It restarts and tails the
+# serving container (serving.restart, serving.logs) through the Docker socket mounted into it.
+start_node_agent() {
+  if [[ -z "${NODE_AGENT_BUNDLE}" ]]; then
+    progress node-agent "not configured"
+    return 0
   fi
   docker rm -f "${AGENT_CONTAINER}" >/dev/null 2>&1 || true
   docker run -d --name "${AGENT_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
@@ -233,6 +310,7 @@ main() {
   retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key"
   progress image pulling
   retry 5 20 docker pull -q "${IMAGE}" >/dev/null
+  install_node_agent
   download_weights
   start_vllm
   start_node_agent

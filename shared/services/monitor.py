@@ -18,6 +18,14 @@ One tick:
    spread per deployment) or ``last_request_at`` (under traffic, at most every quarter of the idle window):
    the live SLIs are in the samples, so a steady tick is one batched write.
 
+Boot progress: for a deployment whose node is up but has never served (BOOTING, COMPILING, or DOWN within its
+first boot), the tick also reads the node's guest attributes ``tpuctl/*`` through ``TpuApi.guest_attributes`` (one
+read per booting node per tick, under the service's ~10 reads a minute per VM), stores the startup script's stage
+on the record (``status.boot``: "pulling image", "downloading weights", "compiling"), and when the script says
+``failed`` the deployment goes FAILED at once with the script's reason (cleaned, bounded) and a ``reconcile.tick``
+for it: the planner deletes the slices of a generation whose boot failed and keeps it FAILED, so nothing bills on
+until the ready timeout. The rules for stale and hostile values are in ``shared.domain.boot_progress``.
+
 Level-triggered and safe to repeat: a deployment sampled less than ``min_sample_interval_s`` ago is skipped, so
 a redelivered tick changes nothing.
 """
@@ -36,7 +44,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.domain.errors import ConflictError
+from shared.domain.boot_progress import (
+    BOOT_QUERY_PATH,
+    BootReading,
+    advance_boot,
+    boot_failure,
+    read_boot,
+)
+from shared.domain.errors import CloudError, ConflictError, ErrorClass
 from shared.domain.health import (
     MONITORED_PHASES,
     Assessment,
@@ -50,7 +65,16 @@ from shared.domain.health import (
     idle_for,
 )
 from shared.domain.metrics import IntervalStats, MetricsSnapshot, derive_interval
-from shared.domain.models import DeploymentRecord, Desired, MonitorSample, Phase
+from shared.domain.models import (
+    BootProgress,
+    DeploymentRecord,
+    Desired,
+    MonitorSample,
+    Phase,
+    QueuedResourceState,
+    ResourceRef,
+)
+from shared.logging import scrub_untrusted
 from shared.messages import (
     DeleteDeployment,
     PhaseChanged,
@@ -61,7 +85,7 @@ from shared.messages import (
     message_attributes,
     topic_for,
 )
-from shared.ports import Clock, CommandBus, ServingProbe, StateStore
+from shared.ports import Clock, CommandBus, ServingProbe, StateStore, TpuApi
 
 __all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
 
@@ -70,7 +94,8 @@ log = logging.getLogger("tpuctl.monitor")
 _ID_NAMESPACE = uuid.UUID("6f1d3c52-52a4-4c8e-9a55-3f0e0c6b7a10")
 _MAX_BATCH = 500  # Firestore's limit on writes in one batch
 _SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
-_ALERT_PHASES = frozenset({Phase.DEGRADED, Phase.STALLED, Phase.DOWN})
+_ALERT_PHASES = frozenset({Phase.DEGRADED, Phase.STALLED, Phase.DOWN, Phase.FAILED})
+_BOOT_READ_PHASES = frozenset({Phase.BOOTING, Phase.COMPILING, Phase.DOWN})
 
 
 @dataclass(frozen=True)
@@ -163,6 +188,8 @@ class _Work:
     record: DeploymentRecord
     history: list[MonitorSample]
     result: ProbeResult | None = None
+    node: ResourceRef | None = None  # the booting node whose guest attributes are read this tick
+    boot: BootReading | None = None
 
 
 @dataclass
@@ -185,12 +212,15 @@ class Monitor:
         bus: CommandBus,
         clock: Clock,
         settings: MonitorSettings | None = None,
+        *,
+        tpu: TpuApi | None = None,
     ) -> None:
         self.store = store
         self.probe = probe
         self.bus = bus
         self.clock = clock
         self.settings = settings or MonitorSettings()
+        self.tpu = tpu  # None: boot progress is not read (the ready timeout still ends a hung boot)
 
     # Entry points
 
@@ -211,7 +241,10 @@ class Monitor:
         now = now or self.clock.now()
         report = TickReport(taken_at=now)
         work = self._collect(now, only, report)
-        await self._probe_all(work)
+        if any(item.node is not None for item in work):
+            await asyncio.gather(self._probe_all(work), asyncio.to_thread(self._read_boots, work))
+        else:
+            await self._probe_all(work)
         decisions = [self._decide(item, now) for item in work]
         self._publish_healing(decisions, report)
         self._write_samples([d.sample for d in decisions], report)
@@ -240,7 +273,8 @@ class Monitor:
                 if age < self.settings.min_sample_interval_s:
                     report.skipped.append((record.deployment_id, f"sampled {age:.0f} s ago"))
                     continue
-            work.append(_Work(record=record, history=history))
+            node = _booting_node(record) if self.tpu is not None else None
+            work.append(_Work(record=record, history=history, node=node))
         return work
 
     async def _probe_all(self, work: Sequence[_Work]) -> None:
@@ -262,6 +296,24 @@ class Monitor:
                     item.result = ProbeResult(base_url=endpoint, health=check)
 
         await asyncio.gather(*(one(item) for item in work))
+
+    def _read_boots(self, work: Sequence[_Work]) -> None:
+        """Guest attributes of the booting nodes, one after another in one worker thread (the SDK clients are
+        not shared across threads); a read that fails leaves that deployment's stage as it was."""
+        for item in work:
+            node = item.node
+            if node is None or self.tpu is None:
+                continue
+            try:
+                attributes = self.tpu.guest_attributes(node.zone, node.name, BOOT_QUERY_PATH)
+            except CloudError as exc:
+                if exc.error_class is not ErrorClass.NOT_FOUND:
+                    log.warning("boot progress of %s unread: %s", item.record.deployment_id, exc.error_class.value)
+                continue
+            except Exception:  # an adapter bug must not stop the tick
+                log.exception("boot progress of %s unread", item.record.deployment_id)
+                continue
+            item.boot = read_boot(attributes, _clean)
 
     def _decide(self, item: _Work, now: datetime) -> _Decision:
         record, result = item.record, item.result
@@ -295,6 +347,9 @@ class Monitor:
             expire_at=now + timedelta(days=self.settings.sample_ttl_days),
         )
         decision = _Decision(record=record, sample=sample, report=report, new_status=None)
+        boot, failure = _boot_update(item, now)
+        if failure is not None:
+            return _fail_boot(decision, boot, failure, now)
 
         serving_since = status.serving_since
         if assessment.phase in _SERVING_PHASES and serving_since is None:
@@ -352,6 +407,9 @@ class Monitor:
         wanted = wanted or serving_since != status.serving_since or last_request_at != status.last_request_at
         as_of = status.slis.get("as_of_epoch_s")
         if as_of is None or now.timestamp() - as_of >= _refresh_after_s(record.deployment_id, self.settings):
+            wanted = True
+        if boot is not None:
+            new_status["boot"] = boot
             wanted = True
         if wanted:
             decision.new_status = new_status
@@ -457,6 +515,57 @@ class Monitor:
             log.exception("could not publish %s for %s", getattr(message, "kind", "?"), deployment_id)
             return False
         return True
+
+
+def _clean(text: str, limit: int) -> str:
+    """VM text made safe to store and show: no escapes or control characters, secrets redacted, bounded."""
+    return scrub_untrusted(text, limit)[0]
+
+
+def _booting_node(record: DeploymentRecord) -> ResourceRef | None:
+    """The node to read boot progress from: this generation's ACTIVE slice, while the deployment never served."""
+    status = record.status
+    if status.phase not in _BOOT_READ_PHASES or status.serving_since is not None:
+        return None
+    live = [
+        ref
+        for ref in status.resources
+        if ref.generation == record.generation
+        and ref.state is QueuedResourceState.ACTIVE
+        and ref.delete_requested_at is None
+    ]
+    return min(live, key=lambda ref: (ref.active_at or record.created_at, ref.attempt), default=None)
+
+
+def _boot_update(item: _Work, now: datetime) -> tuple[BootProgress | None, str | None]:
+    """(the record's new boot progress or None, the boot's failure reason or None)."""
+    if item.node is None or item.boot is None:
+        return None, None
+    current = item.record.status.boot
+    updated = advance_boot(current, item.boot, item.node.name, now)
+    return updated, boot_failure(updated or current, item.node.name)
+
+
+def _fail_boot(decision: _Decision, boot: BootProgress | None, failure: str, now: datetime) -> _Decision:
+    """The startup script said ``failed``: FAILED now, and a reconcile nudge so the slice is deleted at once."""
+    record = decision.record
+    reason = failure[:2000]
+    decision.new_status = {"phase": Phase.FAILED, "phase_since": now, "message": reason, "serving_since": None}
+    if boot is not None:
+        decision.new_status["boot"] = boot
+    decision.report.phase = Phase.FAILED
+    decision.report.reason = reason
+    decision.sample = decision.sample.model_copy(update={"phase": Phase.FAILED, "detail": reason})
+    failed_at = boot.stage_since if boot is not None else record.status.boot.stage_since if record.status.boot else now
+    decision.events.append(
+        ReconcileTick(
+            command_id=_command_id(record, "boot-failed", failed_at),
+            issued_at=now,
+            deployment_id=record.deployment_id,
+            purpose="reconcile",
+        )
+    )
+    return decision
 
 
 def _monitored(record: DeploymentRecord) -> bool:

@@ -89,7 +89,10 @@ class TestCreate:
         assert disk["initializeParams"]["diskSizeGb"] == "200"
         assert disk["initializeParams"]["sourceImage"].endswith("family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
         assert body["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
-        assert body["metadata"]["items"] == [{"key": "startup-script", "value": "#!/bin/bash\necho serving"}]
+        assert body["metadata"]["items"] == [
+            {"key": "startup-script", "value": "#!/bin/bash\necho serving"},
+            {"key": "enable-guest-attributes", "value": "TRUE"},  # the script reports boot progress there
+        ]
         assert body["labels"] == {LABEL_MANAGED_BY: "tpuctl", LABEL_DEPLOYMENT: "dep-a"}
 
     def test_flex_start_sends_its_request_valid_for_duration(self, lab: ComputeSimHandle) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localcloud.container_api import frame, tail_file
+from localcloud.vm_twin.containers import frame, tail_file
 from shared.adapters.docker_engine import DockerEngineContainer, LogStreamDecoder, parse_docker_time
 from shared.domain.errors import PermanentError, TransientError
 from tests.support.serving_container import StandIn, serve_stand_in
@@ -72,7 +72,7 @@ class TestAgainstTheLocalEngine:
         assert not stand_in.starts[0].alive()
         assert first.started_at is not None and after.started_at is not None
         assert after.started_at > first.started_at
-        assert stand_in.container.restarts == 1
+        assert stand_in.restarts == 1
         _wait(lambda: any("boot 2" in line for line in engine.tail(10)))
 
     def test_tail_returns_the_newest_lines_with_timestamps(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from localcloud.vm_twin.containers import tail_file
 from shared.adapters.clock import SystemClock
 from shared.adapters.docker_engine import DockerEngineContainer
 from shared.adapters.local_bus import LocalBus
@@ -409,7 +410,7 @@ class TestNodeTasks:
         answers = [event for event in events if isinstance(event, NodeTaskCompleted)]
         assert [(a.task_id, a.action, a.status) for a in answers] == [(request.command_id, "restart", "completed")]
         assert "the benchmark run in progress was stopped" in answers[0].detail
-        assert stand_in.container.restarts == 1
+        assert stand_in.restarts == 1
         assert not stand_in.starts[0].alive() and stand_in.starts[1].alive()
         assert f"(pid {old_pid})" in answers[0].detail and f"(pid {stand_in.starts[1].pid})" in answers[0].detail
 
@@ -422,7 +423,7 @@ class TestNodeTasks:
         _send_task(bus, first)
         agent.poll_once(timeout_s=1)
         assert agent.handle_tasks() == 1
-        assert stand_in.container.restarts == 1
+        assert stand_in.restarts == 1
         _send_task(bus, first)  # a redelivery of the same task
         assert agent.poll_once(timeout_s=1) == 1
         assert agent.handle_tasks() == 0
@@ -430,7 +431,7 @@ class TestNodeTasks:
         _send_task(bus, late)
         agent.poll_once(timeout_s=1)
         assert agent.handle_tasks() == 1
-        assert stand_in.container.restarts == 1
+        assert stand_in.restarts == 1
         assert agent.publish_pending_tasks() == 2
         answers = _answers(bus)
         assert [(a.task_id, a.status) for a in answers] == [
@@ -446,7 +447,7 @@ class TestNodeTasks:
         assert again.poll_once(timeout_s=1) == 1
         assert again.handle_tasks() == 0
         assert again.publish_pending_tasks() == 0
-        assert stand_in.container.restarts == 1
+        assert stand_in.restarts == 1
         assert [e for e in _events(bus) if isinstance(e, NodeTaskCompleted)] == []
 
     def test_a_log_tail_is_cleaned_and_redacts_secrets(
@@ -463,7 +464,7 @@ class TestNodeTasks:
         with serve_stand_in(tmp_path / "container", lines=lines) as served:
             agent = task_agent(bus, tmp_path / "node", "http://127.0.0.1:9", served.docker_host, api_key=api_key)
             agent.start()
-            _wait(lambda: len(served.container.log_lines(10)) >= 5)
+            _wait(lambda: len(tail_file(served.image.log_path, 10)) >= 5)
             request = TailServingLogs(
                 command_id=new_command_id(), issued_at=datetime.now(UTC), deployment_id="gemma-a", lines=4
             )
@@ -524,7 +525,7 @@ class TestNodeTasks:
         assert answer.status == "failed"
         assert "node_container: no container named 'not-there'" in answer.detail
         assert "retrying will not help" in answer.detail
-        assert stand_in.container.restarts == 0
+        assert stand_in.restarts == 0
 
     def test_a_tail_too_big_for_one_message_drops_the_oldest_lines(self) -> None:
         event = NodeTaskCompleted(

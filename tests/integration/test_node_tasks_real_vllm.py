@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
 from localcloud.node_runtime import NodeRuntime, NodeView
+
 from localcloud.tpu_sim import World, load_scenario
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir, health_ok
 from shared.adapters.file_secrets import FileSecretStore

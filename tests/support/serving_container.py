@@ -1,83 +1,89 @@
 """A stand-in "container" for tests that do not need a real vLLM: a small Python process that logs and sleeps.
 
-It is a real process in its own group (so restart really stops one pid and starts another) writing to a real
-log file, served by the local cloud's Docker Engine API twin (``localcloud.container_api``).
+It runs in the VM twin's container runtime (``localcloud.vm_twin.containers``) behind the same Engine API socket
+a VM's node agent uses, as a real process in its own group (so a restart really stops one pid and starts
+another) writing to a real log file. Each start appends its pid to ``boots.txt``, which is how a test sees every
+process the container ever had.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
-from localcloud.container_api import ContainerApiServer, ProcessContainer, serve_node_container
-from shared.adapters.clock import SystemClock
+from localcloud.vm_twin.containers import Container, ContainerRuntime, ContainerSpec, EngineApiServer, Launch
 from shared.ports import Clock
 
-__all__ = ["SleepyProcess", "StandIn", "serve_stand_in", "start_sleepy"]
+__all__ = ["Boot", "StandIn", "serve_stand_in"]
 
-# Prints its boot number and the lines it was given, then sleeps until stopped.
+# Records its pid, prints its boot number and the lines it was given, then sleeps until stopped.
 _PROGRAM = """
-import sys, time
-print("boot", sys.argv[1], flush=True)
+import os, sys, time
+with open(sys.argv[1], "a") as boots:
+    boots.write(f"{os.getpid()}\\n")
+with open(sys.argv[1]) as boots:
+    number = len(boots.read().split())
+print("boot", number, flush=True)
 for line in sys.argv[2:]:
     print(line, file=sys.stderr, flush=True)
 time.sleep(600)
 """
 
 
-@dataclass
-class SleepyProcess:
-    """``localcloud.container_api.ContainerProcess`` over a short Python program."""
+@dataclass(frozen=True)
+class Boot:
+    """One process the container had."""
 
-    _process: subprocess.Popen[bytes] = field(repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
+    pid: int
 
     def alive(self) -> bool:
-        return self._process.poll() is None
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        if self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait(timeout=timeout_s)
-        return self._process.returncode
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X")
 
 
-def start_sleepy(log_path: Path, boot: int, lines: tuple[str, ...] = ()) -> SleepyProcess:
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _PROGRAM, str(boot), *lines],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-    return SleepyProcess(process)
+class SleepyImage:
+    """An image whose every container runs the sleepy program, logging to ``log_path``."""
+
+    def __init__(self, work_dir: Path, lines: tuple[str, ...]) -> None:
+        self.log_path = work_dir / "vllm.log"
+        self.boots = work_dir / "boots.txt"
+        self._lines = lines
+
+    def has(self, reference: str) -> bool:
+        return reference == "stand-in:1"
+
+    def command(self, spec: ContainerSpec) -> Launch:
+        argv = (sys.executable, "-c", _PROGRAM, str(self.boots), *self._lines)
+        return Launch(argv=argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, log_path=self.log_path)
 
 
 @dataclass
 class StandIn:
-    container: ProcessContainer
-    server: ContainerApiServer
-    starts: list[SleepyProcess]
+    container: Container
+    server: EngineApiServer
+    image: SleepyImage
 
     @property
     def docker_host(self) -> str:
-        return self.server.docker_host
+        return f"unix://{self.server.socket_path}"
+
+    @property
+    def starts(self) -> list[Boot]:
+        """Every process so far (a start is counted once its process wrote its pid: wait for that)."""
+        _wait_for_boot(self.image, self.container.restart_count + 1)
+        return [Boot(int(pid)) for pid in self.image.boots.read_text().split()]
+
+    @property
+    def restarts(self) -> int:
+        return self.container.restart_count
 
 
 @contextlib.contextmanager
@@ -86,21 +92,27 @@ def serve_stand_in(
 ) -> Iterator[StandIn]:
     """A stand-in container named ``name`` behind a Docker API socket in ``work_dir``; everything stopped after."""
     work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path = work_dir / "vllm.log"
-    starts: list[SleepyProcess] = []
-
-    def launch() -> SleepyProcess:
-        process = start_sleepy(log_path, len(starts) + 1, lines)
-        starts.append(process)
-        return process
-
-    container = ProcessContainer(name, launch, log_path=log_path, clock=clock or SystemClock())
-    container.start()
-    server = serve_node_container(work_dir, container)
+    image = SleepyImage(work_dir, lines)
+    now: object = clock.now if clock is not None else None
+    runtime = ContainerRuntime(image, now=now if callable(now) else None)  # type: ignore[arg-type]
+    container = runtime.create(ContainerSpec(name=name, image="stand-in:1", entrypoint=(), cmd=("sleepy",)))
+    runtime.start(name)
+    _wait_for_boot(image, 1)
+    server = EngineApiServer(runtime, work_dir / "docker.sock").start()
     try:
-        yield StandIn(container, server, starts)
+        yield StandIn(container, server, image)
     finally:
         server.stop()
-        container.close()
-        for process in starts:
-            process.stop(timeout_s=5)
+        runtime.shutdown()
+
+
+def _wait_for_boot(image: SleepyImage, count: int, timeout_s: float = 10.0) -> None:
+    deadline = datetime.now().timestamp() + timeout_s
+    while datetime.now().timestamp() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if len(image.boots.read_text().split()) >= count:
+                return
+        import time
+
+        time.sleep(0.02)
+    raise AssertionError(f"the stand-in container did not start {count} time(s) in {timeout_s} s")

@@ -521,6 +521,52 @@ def test_tpu_vms_are_placed_with_the_node_identity_network_and_firewall_tag(env:
     assert environment["TPUCTL_NODE_EXTERNAL_IPS"] == "false"  # the network module's Cloud NAT does egress
 
 
+def test_every_function_gets_the_uploaded_node_agent_bundle_and_its_digest(
+    env: ModuleDir, function_calls: dict[str, dict[str, Any]]
+) -> None:
+    """The provisioner renders TPU VM startup scripts with these; without them VMs run no node agent."""
+    upload = env.resources["google_storage_bucket_object", "node_agent_bundle"]
+    assert upload["count"] == "${var.node_agent_bundle == null ? 0 : 1}"
+    assert upload["name"] == "node-agent/${filesha256(var.node_agent_bundle)}-${basename(var.node_agent_bundle)}"
+    assert upload["source"] == "${var.node_agent_bundle}"
+    wiring = env.locals["node_agent_environment"]
+    uri = "gs://${google_storage_bucket.sources.name}/${google_storage_bucket_object.node_agent_bundle[0].name}"
+    assert wiring.startswith("${var.node_agent_bundle == null ? tomap({}) : tomap({")
+    assert f'TPUCTL_NODE_AGENT_BUNDLE = "{uri}"' in wiring
+    assert "TPUCTL_NODE_AGENT_BUNDLE_SHA256 = filesha256(var.node_agent_bundle)" in wiring
+    for name, call in function_calls.items():
+        assert call["environment_variables"] == "${merge(local.function_environment, local.node_agent_environment)}", (
+            f"{name}: pass the node-agent settings with the others"
+        )
+    assert "local.node_agent_environment" in env.outputs["gateway_environment"]["value"], "the gateway plans alike"
+    assert "local.node_agent_environment" in env.outputs["node_agent_bundle_uri"]["value"]
+
+
+def test_the_uri_terraform_builds_is_one_the_settings_and_the_vm_accept(env: ModuleDir) -> None:
+    """Terraform's bucket and object names, filled in, pass Settings; the VM's read grant covers that prefix."""
+    from shared.domain.startup_script import NODE_AGENT_PREFIX
+
+    bucket = env.resources["google_storage_bucket", "sources"]["name"]
+    assert bucket == "${var.project_id}-${var.name_prefix}-sources"
+    digest = "ab" * 32
+    uri = f"gs://{'a' * 30}-{'b' * 12}-sources/node-agent/{digest}-tpuctl-node-agent-0.1.0.tar.gz"
+    settings = Settings(node_agent_bundle=uri, node_agent_bundle_sha256=digest)
+    assert settings.node_agent_bundle == uri
+    identities = load_module(TERRAFORM_ROOT / "modules" / "identities")
+    grant = identities.resources["google_storage_bucket_iam_member", "tpu_vm_bundle_reader"]
+    assert _single(grant["condition"], "condition")["expression"].endswith(f'/objects/{NODE_AGENT_PREFIX}")')
+    for key in ("TPUCTL_NODE_AGENT_BUNDLE", "TPUCTL_NODE_AGENT_BUNDLE_SHA256"):
+        assert key[len("TPUCTL_") :].lower() in Settings.model_fields
+
+
+def test_the_example_tfvars_points_at_the_bundle_make_package_builds(env: ModuleDir) -> None:
+    import tomllib
+
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    example = parse_file(ENV / "terraform.tfvars.example")
+    assert example["node_agent_bundle"] == f"../../../build/node-agent/tpuctl-node-agent-{version}.tar.gz"
+
+
 # --- entry points -------------------------------------------------------------------------------
 
 

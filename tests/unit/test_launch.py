@@ -19,7 +19,7 @@ from shared.domain.launch import (
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, DeploymentSpec
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 
-ENVIRONMENT = ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl==0.1.0")
+ENVIRONMENT = ServingEnvironment(project="tpuctl-test")
 
 
 def engine(**overrides: object) -> EngineConfig:

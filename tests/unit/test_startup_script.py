@@ -17,6 +17,7 @@ from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Deployme
 from shared.domain.serving_plan import ServingEnvironment, ServingPlan, build_serving_plan
 from shared.domain.startup_script import (
     BOOT_LOG_PREFIX,
+    NODE_AGENT_DISTRIBUTION,
     NODE_AGENT_MODULE,
     StartupScriptInputs,
     plan_hash,
@@ -25,7 +26,11 @@ from shared.domain.startup_script import (
     values_block,
 )
 
-ENVIRONMENT = ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl==0.1.0")
+BUNDLE_SHA256 = "0123456789abcdef" * 4
+BUNDLE = f"gs://tpuctl-test-tpuctl-sources/node-agent/{BUNDLE_SHA256}-tpuctl-node-agent-0.1.0.tar.gz"
+ENVIRONMENT = ServingEnvironment(
+    project="tpuctl-test", node_agent_bundle=BUNDLE, node_agent_bundle_sha256=BUNDLE_SHA256
+)
 CANARIES = ("hf_" + "CanaryTokenDoNotLeak0123456789", "sk-canary-api-key-7f3a")
 SECRET_PATTERNS = (re.compile(r"hf_[A-Za-z0-9]{20,}"), re.compile(r"sk-[A-Za-z0-9-]{10,}"))
 
@@ -70,7 +75,34 @@ def test_the_script_keeps_secrets_on_tmpfs_and_caches_on_disk() -> None:
     assert "guest-attributes/tpuctl" in script
     assert f"{BOOT_LOG_PREFIX} deployment=" in script
     assert "service-accounts/default/token" in script
-    assert "secretmanager.googleapis.com/v1/" in script
+    assert 'api + "v1/" + resource + ":access"' in script
+
+
+def test_google_endpoints_default_to_production_and_move_only_by_the_standard_variables() -> None:
+    """A local twin points the same script elsewhere through its environment; nothing rendered can move them."""
+    script = plan_for("gemma-4-26b-a4b", "v6e-4").startup_script()
+    defaults = {
+        "metadata.google.internal": 'METADATA_BASE="http://${GCE_METADATA_HOST:-metadata.google.internal}/',
+        "secretmanager.googleapis.com": "${CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER:-https://secretmanager.googleapis.com/}",
+        "storage.googleapis.com": "${CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE:-https://storage.googleapis.com/storage/v1/}",
+    }
+    for host, default in defaults.items():
+        assert script.count(host) == 1 and default in script, f"{host} must appear once, as the default of {default}"
+    assert 'GUEST_ATTRIBUTES="${METADATA_BASE}/instance/guest-attributes/tpuctl"' in script
+    for variable in ("GCE_METADATA_HOST", "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER"):
+        assert variable not in values_block(script)
+
+
+def test_the_bundle_uri_and_digest_are_shell_quoted_values_and_the_old_pip_requirement_is_gone() -> None:
+    script = plan_for("gemma-4-26b-a4b", "v6e-4").startup_script()
+    block = values_block(script)
+    assert f"NODE_AGENT_BUNDLE={BUNDLE}\n" in block and f"NODE_AGENT_BUNDLE_SHA256={BUNDLE_SHA256}\n" in block
+    assert "NODE_AGENT_REQUIREMENT" not in script
+    assert f"readonly AGENT_DISTRIBUTION={NODE_AGENT_DISTRIBUTION}\n" in script
+    install = script[script.index("install_node_agent() {") : script.index("start_node_agent() {")]
+    assert "--no-index --find-links /opt/tpuctl/wheelhouse" in install and "--net=none" in install
+    unconfigured = build_serving_plan(plan_for("tiny-llama", "v6e-1").spec, ServingEnvironment(project="tpuctl-test"))
+    assert "NODE_AGENT_BUNDLE=''\nNODE_AGENT_BUNDLE_SHA256=''\n" in values_block(unconfigured.startup_script())
 
 
 @pytest.mark.skipif(
@@ -103,7 +135,8 @@ def _evaluate_values(script: str, tmp_path: Path) -> list[str]:
         "MODEL_REVISION",
         "HF_TOKEN_SECRET",
         "API_KEY_SECRET",
-        "NODE_AGENT_REQUIREMENT",
+        "NODE_AGENT_BUNDLE",
+        "NODE_AGENT_BUNDLE_SHA256",
         "CONTAINER",
     ]
     quoted = " ".join(f'"${{{name}}}"' for name in names)
@@ -128,7 +161,8 @@ def _evaluate_values(script: str, tmp_path: Path) -> list[str]:
     model=_HOSTILE,
     revision=_HOSTILE,
     secret=_HOSTILE,
-    requirement=_HOSTILE,
+    bundle=_HOSTILE,
+    digest=_HOSTILE,
     served=_HOSTILE,
     env_value=_HOSTILE,
 )
@@ -138,7 +172,8 @@ def test_every_user_provided_value_reaches_bash_verbatim(
     model: str,
     revision: str,
     secret: str,
-    requirement: str,
+    bundle: str,
+    digest: str,
     served: str,
     env_value: str,
 ) -> None:
@@ -165,13 +200,14 @@ def test_every_user_provided_value_reaches_bash_verbatim(
         model_revision=revision,
         hf_token_secret=secret,
         api_key_secret=secret + "-key",
-        node_agent_requirement=requirement,
+        node_agent_bundle=bundle,
+        node_agent_bundle_sha256=digest,
         node_agent_env=(("TPUCTL_DEPLOYMENT_ID", deployment_id),),
         container_name="tpuctl-vllm",
     )
     script = render_startup_script(inputs)
     values = _evaluate_values(script, tmp_path)
-    assert values[:7] == [deployment_id, model, revision, secret, secret + "-key", requirement, "tpuctl-vllm"]
+    assert values[:8] == [deployment_id, model, revision, secret, secret + "-key", bundle, digest, "tpuctl-vllm"]
     argv_at, env_at, agent_at = values.index("ARGV"), values.index("ENV"), values.index("AGENT")
     assert tuple(values[argv_at + 1 : env_at]) == launch.argv
     assert f"EXTRA_VALUE={env_value}" in values[env_at + 1 : agent_at]
@@ -180,7 +216,7 @@ def test_every_user_provided_value_reaches_bash_verbatim(
     assert bash_syntax_ok(script).returncode == 0
 
 
-@pytest.mark.parametrize("field", ["deployment_id", "model", "node_agent_requirement"])
+@pytest.mark.parametrize("field", ["deployment_id", "model", "node_agent_bundle", "node_agent_bundle_sha256"])
 def test_a_nul_byte_is_refused_naming_the_field(field: str) -> None:
     base = plan_for("tiny-llama", "v6e-1")
     values = {
@@ -190,7 +226,8 @@ def test_a_nul_byte_is_refused_naming_the_field(field: str) -> None:
         "model_revision": "",
         "hf_token_secret": "",
         "api_key_secret": base.api_key_resource,
-        "node_agent_requirement": "",
+        "node_agent_bundle": "",
+        "node_agent_bundle_sha256": "",
     }
     values[field] = "bad\x00value"
     with pytest.raises(InvalidMessage) as raised:
@@ -202,9 +239,28 @@ def test_a_nul_byte_is_refused_naming_the_field(field: str) -> None:
     ("call", "field"),
     [
         (lambda: ServingEnvironment(project="p; rm -rf /"), "project"),
+        *(
+            (lambda uri=uri: ServingEnvironment(project="tpuctl-test", node_agent_bundle=uri), "node_agent_bundle")
+            for uri in (
+                "https://storage.googleapis.com/b/node-agent/x.tar.gz",  # not gs://
+                "gs://Bad_Bucket/node-agent/x.tar.gz",  # not a bucket name
+                "gs://tpuctl-sources/functions/x.tar.gz",  # outside the prefix TPU VMs may read
+                "gs://tpuctl-sources/node-agent/../functions/x.zip",  # a dot segment
+                "gs://tpuctl-sources/node-agent/x;curl x|sh",  # shell and odd characters
+            )
+        ),
+        *(
+            (
+                lambda digest=digest: ServingEnvironment(
+                    project="tpuctl-test", node_agent_bundle=BUNDLE, node_agent_bundle_sha256=digest
+                ),
+                "node_agent_bundle_sha256",
+            )
+            for digest in ("", "abc", BUNDLE_SHA256.upper(), BUNDLE_SHA256 + "0")
+        ),
         (
-            lambda: ServingEnvironment(project="tpuctl-test", node_agent_requirement="tpuctl; curl x|sh"),
-            "node_agent_requirement",
+            lambda: ServingEnvironment(project="tpuctl-test", node_agent_bundle_sha256=BUNDLE_SHA256),
+            "node_agent_bundle",
         ),
         (lambda: secret_resource("tpuctl-test", "hf token"), "secret"),
         (lambda: secret_resource("tpuctl-test", "hf-token", "latest/../../x"), "secret"),

@@ -50,6 +50,13 @@ locals {
     TPUCTL_NODE_EXTERNAL_IPS    = "false"
   }
 
+  # The node-agent bundle every TPU VM fetches, verifies and installs at boot (docs/deploy.md); only when one is
+  # given. The digest is of the file uploaded, so a VM refuses any other object under that name.
+  node_agent_environment = var.node_agent_bundle == null ? tomap({}) : tomap({
+    TPUCTL_NODE_AGENT_BUNDLE        = "gs://${google_storage_bucket.sources.name}/${google_storage_bucket_object.node_agent_bundle[0].name}"
+    TPUCTL_NODE_AGENT_BUNDLE_SHA256 = filesha256(var.node_agent_bundle)
+  })
+
   # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones and the
   # node tasks (serving.restart, serving.logs), which the benchmark function dispatches to the node agent;
   # ticks go by purpose. Filters use the subset of the Pub/Sub filter language the local bus
@@ -316,7 +323,7 @@ module "provision" {
   source_bucket               = google_storage_bucket.sources.name
   build_service_account_email = google_service_account.build.email
   docker_repository           = google_artifact_registry_repository.functions.id
-  environment_variables       = local.function_environment
+  environment_variables       = merge(local.function_environment, local.node_agent_environment)
   pubsub_service_agent        = local.pubsub_service_agent
   labels                      = local.labels
 
@@ -362,7 +369,7 @@ module "monitor" {
   source_bucket               = google_storage_bucket.sources.name
   build_service_account_email = google_service_account.build.email
   docker_repository           = google_artifact_registry_repository.functions.id
-  environment_variables       = local.function_environment
+  environment_variables       = merge(local.function_environment, local.node_agent_environment)
   pubsub_service_agent        = local.pubsub_service_agent
   labels                      = local.labels
 
@@ -407,7 +414,7 @@ module "benchmark" {
   source_bucket               = google_storage_bucket.sources.name
   build_service_account_email = google_service_account.build.email
   docker_repository           = google_artifact_registry_repository.functions.id
-  environment_variables       = local.function_environment
+  environment_variables       = merge(local.function_environment, local.node_agent_environment)
   pubsub_service_agent        = local.pubsub_service_agent
   labels                      = local.labels
 
@@ -499,6 +506,26 @@ resource "google_project_iam_member" "provision_compute_tpu_vms" {
   project = local.project_id
   role    = google_project_iam_custom_role.compute_tpu_vms[0].id
   member  = module.provision.service_account_member
+}
+
+# The monitor reads the boot progress of those VMs from their guest attributes (shared/services/monitor.py); the
+# adapter tells "nothing written yet" from "no such VM" (both 404) with one instances.get.
+resource "google_project_iam_custom_role" "compute_guest_attributes" {
+  count = var.enable_compute_engine_backend ? 1 : 0
+
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}ComputeGuestAttributes"
+  title       = "tpuctl TPU VM boot progress"
+  description = "Read the guest attributes (boot progress) of the Compute Engine back end's TPU VMs."
+  permissions = ["compute.instances.get", "compute.instances.getGuestAttributes"]
+}
+
+resource "google_project_iam_member" "monitor_compute_guest_attributes" {
+  count = var.enable_compute_engine_backend ? 1 : 0
+
+  project = local.project_id
+  role    = google_project_iam_custom_role.compute_guest_attributes[0].id
+  member  = module.monitor.service_account_member
 }
 
 # --- Scheduler ticks ----------------------------------------------------------------------------

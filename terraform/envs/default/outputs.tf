@@ -1,12 +1,16 @@
 output "gateway_environment" {
   description = "TPUCTL_* settings for the MCP gateway on an operator's machine (with their own ADC)."
-  value = {
-    TPUCTL_BACKEND            = "gcp"
-    TPUCTL_PROJECT            = var.project_id
-    TPUCTL_REGION             = var.region
-    TPUCTL_FIRESTORE_DATABASE = module.firestore.database
-    TPUCTL_TOPIC_COMMANDS     = module.command_bus.topic_names.commands
-  }
+  # The secret names and the node-agent bundle as the functions have them: a plan the gateway previews
+  # (tpuctl plan, tpu_render_artifacts) is byte for byte the startup script the controller deploys.
+  value = merge({
+    TPUCTL_BACKEND             = "gcp"
+    TPUCTL_PROJECT             = var.project_id
+    TPUCTL_REGION              = var.region
+    TPUCTL_FIRESTORE_DATABASE  = module.firestore.database
+    TPUCTL_TOPIC_COMMANDS      = module.command_bus.topic_names.commands
+    TPUCTL_HF_TOKEN_SECRET     = local.function_environment.TPUCTL_HF_TOKEN_SECRET
+    TPUCTL_VLLM_API_KEY_SECRET = local.function_environment.TPUCTL_VLLM_API_KEY_SECRET
+  }, local.node_agent_environment)
 }
 
 output "functions" {
@@ -48,7 +52,7 @@ output "sources_bucket" {
 
 output "node_agent_bundle_uri" {
   description = "gs:// URI of the uploaded node-agent bundle, or null when none was given."
-  value       = var.node_agent_bundle == null ? null : "gs://${google_storage_bucket.sources.name}/${google_storage_bucket_object.node_agent_bundle[0].name}"
+  value       = lookup(local.node_agent_environment, "TPUCTL_NODE_AGENT_BUNDLE", null)
 }
 
 output "secrets" {

@@ -201,7 +201,12 @@ variable "functions_source_dir" {
 }
 
 variable "node_agent_bundle" {
-  description = "Optional path of the node-agent bundle to upload under node-agent/ (named by content hash)."
+  description = "Path of the node-agent bundle make package built (build/node-agent/tpuctl-node-agent-VERSION.tar.gz); uploaded under node-agent/ by content hash, and its URI and SHA-256 given to the functions. null: TPU VMs run no node agent."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.node_agent_bundle == null || can(regex("\\.tar\\.gz$", var.node_agent_bundle))
+    error_message = "node_agent_bundle: give the .tar.gz that make package wrote under build/node-agent/, or null."
+  }
 }

@@ -1,0 +1,153 @@
+"""Secret Manager and Cloud Storage as a TPU VM reaches them: the VM twin's stand-ins, on one loopback port.
+
+Why: the startup script reads the vLLM API key and the Hugging Face token from Secret Manager and fetches the
+node-agent bundle from Cloud Storage, each with an access token from the VM's metadata server. The VM twin runs
+that script unchanged, pointed here by the standard endpoint variables (``CLOUDSDK_API_ENDPOINT_OVERRIDES_*``).
+Only the calls a VM makes are served, on Google's REST wire:
+
+* ``GET /v1/projects/P/secrets/S/versions/V:access`` (V a number or ``latest``): ``{"name", "payload": {"data"}}``
+  with base64 data; 404 ``NOT_FOUND`` "Secret [...] not found or has no versions." as Google words it;
+* ``GET /storage/v1/b/B`` (bucket metadata), ``GET /storage/v1/b/B/o/O`` (object metadata; ``?alt=media``
+  for the bytes) and ``GET /download/storage/v1/b/B/o/O?alt=media``.
+
+Every call needs ``Authorization: Bearer`` with a token a VM's metadata server issued (401 ``UNAUTHENTICATED``
+otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Secrets come
+from the installation's secret store (the same one the controller uses); objects from ``buckets/<B>/<O>`` files.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from localcloud.vm_twin.metadata_server import TokenIssuer
+from shared.ports import SecretStore
+
+__all__ = ["GoogleApis"]
+
+_SECRET = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$")
+_BUCKET = re.compile(r"^/storage/v1/b/([^/]+)$")
+_OBJECT = re.compile(r"^/(?:download/)?storage/v1/b/([^/]+)/o/(.+)$")
+_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+
+
+class GoogleApis:
+    """Secret Manager ``:access`` and Cloud Storage reads for the VMs of one project."""
+
+    def __init__(
+        self, project: str, secrets: SecretStore, buckets_dir: Path, tokens: TokenIssuer, *, host: str = "127.0.0.1"
+    ) -> None:
+        self.project = project
+        self.secrets = secrets
+        self.buckets_dir = buckets_dir
+        self.tokens = tokens
+        self.calls: list[tuple[str, str]] = []  # (method, path) of every call, for tests that prove a route ran
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, 0), _Handler)
+        self._server.daemon_threads = True
+        self._server.apis = self  # type: ignore[attr-defined]
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def endpoint_env(self) -> dict[str, str]:
+        """The variables that point a VM's script and gcloud here (gcloud's names; values end with '/')."""
+        return {
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": f"{self.base_url}/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{self.base_url}/storage/v1/",
+        }
+
+    def start(self) -> str:
+        threading.Thread(target=self._server.serve_forever, name="google-apis", daemon=True).start()
+        return self.base_url
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def put_object(self, bucket: str, name: str, data: bytes) -> str:
+        """Store an object (what ``terraform apply`` uploads); returns its ``gs://`` URI."""
+        path = self._object_path(bucket, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return f"gs://{bucket}/{name}"
+
+    # ------------------------------------------------------------------ routes
+
+    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any] | bytes]:
+        with self._lock:
+            self.calls.append(("GET", path))
+        if self.tokens.identity(authorization) is None:
+            return _error(401, "Request had invalid authentication credentials.")
+        if match := _SECRET.match(path):
+            return self._access(*match.groups())
+        if match := _BUCKET.match(path):
+            bucket = match.group(1)
+            if not (self.buckets_dir / bucket).is_dir():
+                return _error(404, "The specified bucket does not exist.")
+            return 200, {"kind": "storage#bucket", "name": bucket, "id": bucket}
+        if match := _OBJECT.match(path):
+            return self._object(match.group(1), unquote(match.group(2)), media="alt=media" in query)
+        return _error(404, f"no such API here: {path}")
+
+    def _access(self, project: str, secret: str, version: str) -> tuple[int, dict[str, Any] | bytes]:
+        if project != self.project:
+            return _error(403, f"Permission 'secretmanager.versions.access' denied for resource '{path_of(project)}'")
+        value = self.secrets.get(secret)
+        if value is None or version not in ("latest", "1"):
+            return _error(404, f"Secret [projects/{project}/secrets/{secret}] not found or has no versions.")
+        data = base64.b64encode(value.encode()).decode()
+        return 200, {"name": f"projects/{project}/secrets/{secret}/versions/1", "payload": {"data": data}}
+
+    def _object(self, bucket: str, name: str, *, media: bool) -> tuple[int, dict[str, Any] | bytes]:
+        path = self._object_path(bucket, name)
+        if path is None or not path.is_file():
+            return _error(404, f"No such object: {bucket}/{name}")
+        if media:
+            return 200, path.read_bytes()
+        return 200, {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(path.stat().st_size)}
+
+    def _object_path(self, bucket: str, name: str) -> Path:
+        root = (self.buckets_dir / bucket).resolve()
+        path = (root / name).resolve()
+        if root not in path.parents:
+            raise ValueError(f"object name {name!r} leaves its bucket")
+        return path
+
+
+def path_of(project: str) -> str:
+    return f"projects/{project}"
+
+
+def _error(code: int, message: str) -> tuple[int, dict[str, Any]]:
+    return code, {"error": {"code": code, "message": message, "status": _STATUS.get(code, "UNKNOWN")}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
+        try:
+            status, body = apis.answer(url.path, url.query, self.headers.get("Authorization"))
+        except ValueError as exc:
+            status, body = _error(400, str(exc))
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if isinstance(body, bytes) else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

@@ -1,0 +1,135 @@
+"""The VM twin's serving image: what ``vllm/vllm-tpu:<tag>`` is on a machine with no TPU and no weights.
+
+Why: a TPU VM pulls the pinned vLLM TPU image and runs ``python3`` (the weights download, the node agent) and
+``/bin/sh -c <key wrapper> vllm serve ...`` in it. Here the image is the vLLM-on-CPU venv: its ``python3`` is that
+venv's interpreter (with ``huggingface_hub``), and its ``vllm`` runs ``localcloud/vm_twin/image_vllm.py``, which
+serves the tiny local model in place of the named one and drops what only a TPU understands. Binds are honoured
+by mapping every container path in the command and environment to the VM path it is bound from (the twin's
+containers share the VM's filesystem). This is the only place where a container differs from production's.
+
+The VM's Hugging Face cache comes with every catalog model already in it, each a link to the tiny model (the
+twin's "weights"), so the script's ``snapshot_download`` finds it as a TPU VM finds a warm cache; a model that is
+not in the catalog is not there, and its download fails as a missing repository does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from localcloud.vm_twin.containers import ContainerSpec, Launch
+from shared.domain.catalog import PRESETS
+from shared.domain.errors import InvalidMessage
+from shared.domain.launch import check_image
+
+__all__ = ["VllmCpuImage", "seed_hf_cache"]
+
+_IMAGE_VLLM = Path(__file__).with_name("image_vllm.py")
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class VllmCpuImage:
+    """Every pinned image reference runs as the vLLM-on-CPU venv, with the tiny model as its weights."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        python: Path,
+        model_dir: Path,
+        log_path: Callable[[ContainerSpec], Path],
+        env: Mapping[str, str],
+        max_model_len: int = 512,
+    ) -> None:
+        self.root = root
+        self._log_path = log_path
+        self._env = {
+            **env,
+            "TPUCTL_TWIN_MODEL_DIR": str(model_dir),
+            "TPUCTL_TWIN_MAX_MODEL_LEN": str(max_model_len),
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+        bin_dir = root / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        # Scripts, not links: a venv's interpreter finds its packages from the path it is started by.
+        for name, text in (("python3", f'exec "{python}" "$@"'), ("vllm", f'exec "{python}" "{_IMAGE_VLLM}" "$@"')):
+            program = bin_dir / name
+            program.write_text(f"#!/bin/sh\n{text}\n", encoding="utf-8")
+            program.chmod(0o755)
+
+    def has(self, reference: str) -> bool:
+        try:
+            check_image(reference)
+        except InvalidMessage:
+            return False
+        return True
+
+    def command(self, spec: ContainerSpec) -> Launch:
+        binds = _binds(spec.binds)
+        env = {"PATH": f"{self.root / 'bin'}:{_SYSTEM_PATH}", "HOME": "/root", "LANG": "C.UTF-8", **self._env}
+        for entry in spec.env:
+            name, _, value = entry.partition("=")
+            env[name] = _map_paths(value, binds)
+        env.update(self._env)  # the twin's own settings last: endpoints and the stand-in weights
+        words = [_map_paths(word, binds) for word in (*spec.entrypoint, *spec.cmd)]
+        if not words:
+            raise ValueError(f"container {spec.name}: no command (the image has no default command)")
+        words[0] = self._resolve(words[0], env["PATH"])
+        if spec.network_mode == "none":  # no network at all: a network namespace of its own with nothing in it
+            words = [self._resolve("unshare", _SYSTEM_PATH), "--net", "--", *words]
+        return Launch(argv=tuple(words), env=env, log_path=self._log_path(spec))
+
+    def _resolve(self, program: str, path: str) -> str:
+        if "/" in program:
+            return program
+        found = shutil.which(program, path=path)
+        if found is None:
+            raise ValueError(f'exec: "{program}": executable file not found in $PATH')
+        return found
+
+
+def _binds(binds: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(container path, VM path) pairs, longest container path first."""
+    pairs = []
+    for bind in binds:
+        parts = bind.split(":")
+        if len(parts) < 2:
+            raise ValueError(f"bind {bind!r}: expected HOST:CONTAINER[:ro]")
+        pairs.append((parts[1].rstrip("/") or "/", parts[0].rstrip("/") or "/"))
+    return sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
+
+
+def _map_paths(text: str, binds: list[tuple[str, str]]) -> str:
+    """Every container path in ``text`` replaced by the VM path it is bound from."""
+    for inside, outside in binds:
+        text = re.sub(re.escape(inside) + r"(?=/|$|[\"'\s;])", outside.replace("\\", "\\\\"), text)
+    return text
+
+
+def seed_hf_cache(hf_home: Path, model_dir: Path) -> list[str]:
+    """Put every catalog model into ``<hf_home>/hub`` as links to the tiny model; returns the hub ids."""
+    seeded: list[str] = []
+    if not model_dir.is_dir():
+        return seeded
+    for preset in PRESETS.values():
+        if "/" not in preset.hub_id:
+            continue
+        commit = preset.revision or hashlib.sha1(preset.hub_id.encode()).hexdigest()  # noqa: S324 - a name
+        repo = hf_home / "hub" / ("models--" + preset.hub_id.replace("/", "--"))
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for source in sorted(model_dir.iterdir()):
+            link = snapshot / source.name
+            if source.is_file() and not link.exists():
+                os.symlink(source, link)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+        seeded.append(preset.hub_id)
+    return seeded

@@ -1,0 +1,168 @@
+"""The monitor reading boot progress: a provisioner and a monitor on one simulated world (the real google-cloud-tpu
+client over HTTP, the real SQLite store and local bus, the real vLLM probe against a port nobody listens on), the
+node's guest attributes written as its metadata server would. A boot the script reports ``failed`` ends FAILED with
+the script's reason and its slice deleted; stages show on the record; hostile text is cleaned and bounded."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.adapters.local_bus import LocalBus
+from shared.adapters.vllm_probe import VllmProbe
+from shared.domain.models import DeploymentRecord, Phase, QueuedResourceState, ResourceRef
+from shared.messages import PhaseChanged, ReconcileTick, decode_message
+from shared.ports import Delivery
+from shared.services.monitor import Monitor, MonitorSettings, TickReport
+from tests.support.emulators import free_loopback_port
+from tests.support.fixtures_provisioner import HarnessFactory, spot, world
+from tests.support.provisioner_harness import Harness, make_spec
+
+TOPICS = {"commands": "tpuctl-commands", "events": "tpuctl-events", "ticks": "tpuctl-ticks"}
+ZONE = "us-east5-b"
+SCENARIO = world({ZONE: spot(8), "europe-west4-a": spot(0)}, timings={"delete_s": [30, 30]})
+BAD_TOKEN = "401 Client Error: Unauthorized for url: https://huggingface.co/api/models/google/gemma-4 (bad token)"
+
+
+@dataclass
+class Booting:
+    """A deployment whose slice is ACTIVE and whose vLLM does not answer yet, with a monitor on the same world."""
+
+    h: Harness
+    bus: LocalBus
+    monitor: Monitor
+    node: ResourceRef
+
+    def write(self, phase: str, detail: str, boot: str = "1767355200000") -> None:
+        for key, value in (("detail", detail), ("phase", phase), ("boot", boot)):
+            self.h.world.put_guest_attribute(ZONE, self.node.name, "tpuctl", key, value)
+
+    def tick(self, advance_s: float = 60.0) -> TickReport:
+        self.h.world.advance(advance_s)
+        return self.monitor.tick()
+
+    def record(self) -> DeploymentRecord:
+        return self.h.record()
+
+    def published(self, topic: str) -> list[Any]:
+        got: list[Any] = []
+
+        def keep(delivery: Delivery) -> None:
+            got.append(decode_message(delivery.data))
+
+        self.bus.drain(f"{topic}-probe", keep)
+        return got
+
+
+@pytest.fixture
+def booting(harness_factory: HarnessFactory, tmp_path: Path) -> Iterator[Booting]:
+    h = harness_factory(SCENARIO)
+    h.create(zones=(ZONE,))
+    h.run_until_phase(Phase.BOOTING, minutes=30)
+    node = next(r for r in h.record().status.resources if r.state is QueuedResourceState.ACTIVE)
+    h.world.set_node_endpoint(ZONE, node.name, "127.0.0.1", free_loopback_port())  # refused: still booting
+    h.tick()
+    bus = LocalBus(tmp_path / "bus.db", clock=h.clock)
+    for logical, topic in TOPICS.items():
+        bus.ensure_topic(topic)
+        bus.ensure_subscription(topic, f"{logical}-probe")
+    settings = MonitorSettings(
+        topic_commands=TOPICS["commands"], topic_events=TOPICS["events"], topic_ticks=TOPICS["ticks"]
+    )
+    probe = VllmProbe(timeout_s=1.0, connect_timeout_s=0.5)
+    yield Booting(h, bus, Monitor(h.store, probe, bus, h.clock, settings, tpu=h.tpu), node)
+    bus.close()
+
+
+def test_the_stages_the_script_reports_show_on_the_record(booting: Booting) -> None:
+    booting.tick()
+    assert booting.record().status.boot is None  # nothing written yet: nothing shown, nothing decided
+    booting.write("image", "pulling")
+    booting.tick()
+    boot = booting.record().status.boot
+    assert boot is not None and (boot.node, boot.stage, boot.detail) == (booting.node.name, "image", "pulling")
+    booting.write("weights", "downloading")
+    booting.tick()
+    record = booting.record()
+    assert record.status.phase is Phase.BOOTING
+    assert record.status.boot is not None and record.status.boot.stage == "weights"
+    assert record.status.boot.stage_since > boot.stage_since
+
+
+def test_a_failed_boot_ends_failed_with_its_reason_within_two_ticks_and_the_slice_goes(booting: Booting) -> None:
+    booting.write("weights", "downloading")
+    booting.tick()
+    booting.write("failed", BAD_TOKEN)  # right after a tick: the next one must end it
+    report = booting.tick()
+    record = booting.record()
+    assert record.status.phase is Phase.FAILED
+    assert BAD_TOKEN in record.status.message and booting.node.name in record.status.message
+    assert report.phase_changes == {"gemma": (Phase.BOOTING, Phase.FAILED)}
+    events = booting.published("events")
+    assert [(e.previous, e.phase) for e in events if isinstance(e, PhaseChanged)] == [(Phase.BOOTING, Phase.FAILED)]
+    nudges = [m for m in booting.published("ticks") if isinstance(m, ReconcileTick)]
+    assert [(m.deployment_id, m.purpose) for m in nudges] == [("gemma", "reconcile")]
+
+    booting.h.provisioner.handle(nudges[0])  # the nudge reaches the provisioner: the slice is deleted at once
+    assert booting.h.qrs() == {booting.node.name: "DELETING"}
+    booting.h.run(2)
+    record = booting.record()
+    assert (record.status.phase, record.status.resources, record.status.endpoint) == (Phase.FAILED, [], None)
+    assert booting.h.qrs() == {} and BAD_TOKEN in record.status.message  # nothing bills, the reason stays
+    booting.h.run(3)
+    assert booting.h.qrs() == {} and booting.record().status.phase is Phase.FAILED  # and nothing is searched again
+
+
+def test_hostile_text_is_cleaned_and_bounded_and_unknown_phases_are_ignored(booting: Booting) -> None:
+    booting.write("pwned\x1b]0;owned\x07", "\x1b[2J\x1b[31mspoofed")
+    booting.tick()
+    record = booting.record()
+    assert (record.status.phase, record.status.boot) == (Phase.BOOTING, None)
+    hostile = "\x1b[31mOOM\x1b[0m \u202eevil\u202c\x00\x08 " + "A" * 20_000
+    booting.write("failed", hostile)
+    booting.tick()
+    record = booting.record()
+    assert record.status.phase is Phase.FAILED
+    boot = record.status.boot
+    assert boot is not None and boot.detail.startswith("OOM evil AAAA") and len(boot.detail) <= 300
+    for text in (boot.detail, record.status.message):
+        assert not re.search(r"[\x00-\x1f\x7f\u202a-\u202e\u2066-\u2069]", text)
+    assert len(record.status.message) <= 400
+
+
+def test_a_duplicate_or_out_of_order_tick_and_an_earlier_boot_s_leftovers_change_nothing(booting: Booting) -> None:
+    booting.write("compiling", "container running restarts=0", boot="2000")
+    booting.tick()
+    before = booting.record()
+    assert booting.monitor.tick().probed == 0  # the same tick again: skipped
+    assert booting.monitor.tick(before.updated_at.replace(second=0)).probed == 0  # an older one: skipped too
+    assert booting.record().version == before.version
+    booting.write("failed", "left over from the boot before", boot="1000")
+    booting.tick()
+    after = booting.record()
+    assert after.status.phase is Phase.BOOTING
+    assert after.status.boot is not None and (after.status.boot.stage, after.status.boot.boot) == ("compiling", 2000)
+
+
+def test_a_new_generation_after_a_failed_boot_starts_again(booting: Booting) -> None:
+    booting.write("failed", BAD_TOKEN)
+    booting.tick()
+    booting.h.run(2)
+    assert booting.record().status.phase is Phase.FAILED and booting.h.qrs() == {}
+    booting.h.update(make_spec(zones=(ZONE,), valid_until_minutes=120))  # e.g. after fixing the token
+    booting.h.run_until_phase(Phase.BOOTING, minutes=30)
+    assert booting.record().generation == 2
+    (node,) = booting.h.active()
+    assert node.startswith("gemma-g2-")
+    booting.h.world.set_node_endpoint(ZONE, node, "127.0.0.1", free_loopback_port())
+    booting.h.tick()
+    booting.h.world.put_guest_attribute(ZONE, node, "tpuctl", "phase", "booting")
+    booting.tick()
+    record = booting.record()  # the new node's boot is followed; the old failure is history
+    assert record.status.phase is Phase.BOOTING
+    assert record.status.boot is not None and (record.status.boot.node, record.status.boot.stage) == (node, "booting")
