@@ -111,6 +111,12 @@ on_error() {
   fi
 }
 
+# fail REASON: the boot cannot go on; say why where the monitor reads it (the deployment ends FAILED), then stop.
+fail() {
+  progress failed "$1"
+  exit 1
+}
+
 cleanup() {
   rm -rf "${DOWNLOAD_SECRETS}"
 }
@@ -196,12 +202,14 @@ download_weights() {
   progress weights downloading
   install -d -m 0700 "${DOWNLOAD_SECRETS}"
   if [[ -n "${HF_TOKEN_SECRET}" ]]; then
-    retry 5 5 fetch_secret "${HF_TOKEN_SECRET}" "${DOWNLOAD_SECRETS}/hf-token"
+    retry 5 5 fetch_secret "${HF_TOKEN_SECRET}" "${DOWNLOAD_SECRETS}/hf-token" \
+      || fail "cannot read the Hugging Face token ${HF_TOKEN_SECRET} from Secret Manager: save it (tpu_save_hf_token)"
   fi
   retry 3 30 docker run --rm --name "${CONTAINER}-download" --net=host \
     -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${DOWNLOAD_SECRETS}:/run/secrets/tpuctl-download:ro" \
     --env "HF_HOME=${CONTAINER_HF_CACHE}" --env HF_TOKEN_PATH=/run/secrets/tpuctl-download/hf-token \
-    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}"
+    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}" \
+    || fail "cannot download ${MODEL} ${MODEL_REVISION}: check the model id, the revision and the token's access"
   rm -rf "${DOWNLOAD_SECRETS}"
   touch "${STATE_DIR}/${WEIGHTS_MARKER}"
   progress weights downloaded
@@ -307,9 +315,10 @@ main() {
   progress booting "plan ${PLAN_HASH}"
   ensure_docker
   progress secrets "reading the vLLM API key"
-  retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key"
+  retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key" \
+    || fail "cannot read the vLLM API key ${API_KEY_SECRET} from Secret Manager: add a version, grant the VM access"
   progress image pulling
-  retry 5 20 docker pull -q "${IMAGE}" >/dev/null
+  retry 5 20 docker pull -q "${IMAGE}" >/dev/null || fail "cannot pull ${IMAGE}"
   install_node_agent
   download_weights
   start_vllm

@@ -1,10 +1,10 @@
 """``serving.restart`` and ``serving.logs`` end to end on a local-cloud node running a REAL vLLM on CPU.
 
-The node is booted by the local cloud's own ``NodeRuntime`` (a simulated TPU node turns READY): vLLM with its
-key file, the Docker Engine API twin on the node's socket, and ``python -m shared.bench.node_agent`` started with
-``TPUCTL_NODE_DOCKER_HOST`` / ``TPUCTL_NODE_CONTAINER``. Through the bus, a restart must replace the vLLM
-process (new pid, ``/health`` 200 again) and be answered with ``node.task_completed``; a log tail must return
-vLLM's own lines with the API key redacted. Two real vLLM boots: about a minute on two cores.
+The node boots as every node does, in a VM twin that executes the startup script rendered from a serving plan:
+the script reads the API key from Secret Manager, installs the node agent from the bundle in Cloud Storage and
+starts vLLM and the agent with ``docker``. Through the bus, a restart must replace the vLLM process (new pid,
+``/health`` 200 again) and be answered with ``node.task_completed``; a log tail must return vLLM's own lines with
+the API key redacted. Two real vLLM boots: about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from localcloud.node_runtime import NodeRuntime, NodeView
 
 from localcloud.tpu_sim import World, load_scenario
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir, health_ok
+from localcloud.vm_twin.agent_bundle import publish_node_agent
+from localcloud.vm_twin.google_apis import GoogleApis
+from localcloud.vm_twin.metadata_server import TokenIssuer
+from localcloud.vm_twin.vm import NodeView, VmFleet, unshare_available
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
-from shared.adapters.sqlite_store import SqliteStateStore
+from shared.domain.models import DeploymentSpec
+from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 from shared.messages import (
     NodeBooted,
     NodeTaskCompleted,
@@ -35,6 +39,7 @@ from shared.messages import (
     new_command_id,
 )
 from shared.ports import Delivery
+from tests.support.builders import spec_dict
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,14 +86,14 @@ def _live_members(group: int) -> list[int]:
     return members
 
 
-def _node(runtime: NodeRuntime) -> NodeView | None:
+def _node(runtime: VmFleet) -> NodeView | None:
     nodes = runtime.nodes()
     return nodes[0] if nodes else None
 
 
 def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) -> None:
     tier = VllmCpuTier(default_cache_dir())
-    reason = tier.unavailable_reason()
+    reason = tier.unavailable_reason() or unshare_available()
     if reason:
         pytest.skip(reason)
     data_dir = tmp_path / "cloud"
@@ -99,27 +104,38 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
     api_key = "node-key-" + secrets.token_hex(12)
     secret_store = FileSecretStore(data_dir / "secrets")
     secret_store.put("tpuctl-vllm-api-key", api_key)
+    secret_store.put("tpuctl-hf-token", "hf-" + secrets.token_hex(16))
+    tokens = TokenIssuer()
+    apis = GoogleApis(scenario.project, secret_store, data_dir / "storage", tokens)
+    apis.start()
+    bundle = publish_node_agent(apis, tier.cache_dir, "sources")
+    environment = ServingEnvironment(
+        project=scenario.project,
+        node_agent_bundle=bundle.uri,
+        node_agent_bundle_sha256=bundle.sha256,
+        bind_host="0.0.0.0",
+    )
+    spec = DeploymentSpec.model_validate(spec_dict("gemma-a", model="gemma-4-e2b", accelerator="v6e-1", zones=[ZONE]))
+    script = build_serving_plan(spec, environment).startup_script()
     bus = LocalBus(data_dir / "bus.sqlite")
     bus.ensure_topic(EVENTS)
     bus.ensure_topic(NODE_TASKS)
     bus.ensure_subscription(EVENTS, "test-events")
     events = EventLog(bus)
-    runtime = NodeRuntime(
+    runtime = VmFleet(
         world,
         tier,
-        store=SqliteStateStore(data_dir / "state.sqlite"),
-        secrets=secret_store,
-        api_key_secret="tpuctl-vllm-api-key",
-        project=scenario.project,
+        apis=apis,
+        tokens=tokens,
         work_dir=data_dir / "nodes",
         log_dir=data_dir / "logs",
-        agent_env={
+        container_env={
             "TPUCTL_BACKEND": "local",
             "TPUCTL_PROJECT": scenario.project,
             "TPUCTL_DATA_DIR": str(data_dir),
             "TPUCTL_NODE_POLL_S": "0.2",
         },
-        max_model_len_cap=256,
+        max_model_len=256,
         ready_timeout_s=BOOT_TIMEOUT_S,
     )
     runtime.attach()
@@ -133,6 +149,7 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
                 "runtimeVersion": "v2-alpha-tpuv6e",
                 "schedulingConfig": {"spot": True},
                 "labels": {"tpuctl-deployment": "gemma-a"},
+                "metadata": {"startup-script": script},
             },
         )
         world.advance(900)  # capacity check and boot: the node turns READY and the runtime boots it
@@ -140,9 +157,11 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
         _wait_for(lambda: any(isinstance(e, NodeBooted) for e in events.refresh()), 60, "the agent's node.booted")
         before = _node(runtime)
         assert before is not None and before.vllm_pid is not None
-        socket_path = data_dir / "nodes" / f"{ZONE}-{NODE}" / "docker.sock"
-        if len(str(socket_path)) <= 100:
-            assert socket_path.stat().st_mode & 0o777 == 0o600
+        vm = runtime.vms()[0]
+        assert (vm.socket_dir / "docker.sock").stat().st_mode & 0o777 == 0o600
+        assert vm.script_path.read_bytes() == script.encode(), "the VM ran the rendered script, byte for byte"
+        bundle_object = bundle.uri.removeprefix("gs://sources/")
+        assert ("GET", f"/storage/v1/b/sources/o/{bundle_object.replace('/', '%2F')}") in apis.calls
 
         # in the local cloud the control plane stamps commands on the simulator's clock, as the node's StartedAt
         restart = RestartServing(
@@ -155,8 +174,6 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
         after = _node(runtime)
         assert after is not None and after.vllm_pid not in (None, before.vllm_pid)
         assert f"(pid {before.vllm_pid})" in answer.detail and f"(pid {after.vllm_pid})" in answer.detail
-        old_group = before.vllm_pid
-        _wait_for(lambda: not _live_members(old_group), 15, "the old server's process group gone")
         base_url = f"http://127.0.0.1:{after.port}"
         _wait_for(lambda: health_ok(base_url), BOOT_TIMEOUT_S, "/health 200 after the restart")
 
@@ -172,6 +189,7 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
     finally:
         runtime.close()
         bus.close()
+        apis.stop()
     groups = runtime.process_groups()
     _wait_for(lambda: not any(_live_members(group) for group in groups), 15, "every process group gone with the node")
 
@@ -181,7 +199,6 @@ _NONE = NodeView(
     node_id="",
     deployment_id="",
     port=0,
-    served_model="",
     state="",
     vllm_pid=None,
     agent_pid=None,
