@@ -84,19 +84,28 @@ $(TINY_MODEL_DIR)/config.json: | $(VLLM_STAMP)
 # Best effort inside `make test`: without Python 3.11 or the local torch wheel the vllm-marked tests skip and say why.
 vllm-tier:
 	@$(MAKE) --no-print-directory vllm-env tiny-model || echo "vllm-tier: real vLLM tier unavailable; tests marked vllm will skip"
+	@$(MAKE) --no-print-directory node-agent-local || echo "vllm-tier: no node-agent bundle; VM twins boot without the agent"
+
+# The node-agent bundle for the local cloud's VM twins: our wheel and its dependencies' wheels for this machine's
+# Python (the twin's image is the vLLM venv, the same CPython 3.11), cached in $(TPUCTL_CACHE_DIR); the local cloud
+# uploads it to its Cloud Storage stand-in at every start, as Terraform uploads the TPU VMs' bundle.
+.PHONY: node-agent-local
+node-agent-local: setup
+	$(PY) -m localcloud.vm_twin.agent_bundle "$(TPUCTL_CACHE_DIR)"
 
 # The local cloud (localcloud/): the whole product on this machine, no Google Cloud account. `demo` runs one
 # deployment from capacity hunt to clean bill and prints a summary; `up` keeps the stack running for the MCP
 # gateway and the CLI (it prints the TPUCTL_* variables to export; Ctrl-C stops it). Extra flags: ARGS="...".
 .PHONY: demo up setup-local
 
-# The second set-up command of the README: the vLLM-on-CPU venv (cached in ~/.cache/tpuctl) and the tiny model.
-setup-local: vllm-env tiny-model
+# The second set-up command of the README: the vLLM-on-CPU venv (cached in ~/.cache/tpuctl), the tiny model and the
+# node-agent bundle the VM twins install.
+setup-local: vllm-env tiny-model node-agent-local
 
-demo: setup vllm-env tiny-model
+demo: setup vllm-env tiny-model node-agent-local
 	$(PY) scripts/demo.py --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
 
-up: setup vllm-env tiny-model
+up: setup vllm-env tiny-model node-agent-local
 	$(PY) -m localcloud up --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
 
 # Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`, and the node-agent

@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--emulators", action="store_true", help="store and bus on the Firestore and Pub/Sub emulators (gcloud)"
     )
+    up.add_argument(
+        "--gcp",
+        action="store_true",
+        help="the production-path twin: TPUCTL_BACKEND=gcp everywhere, on the emulators and local Google API stand-ins",
+    )
     up.add_argument("--seed", type=int, default=None, help="override the scenario's RNG seed")
     up.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             sim_port=args.sim_port,
             boot_nodes=not args.no_vllm,
             emulators=args.emulators,
+            gcp=args.gcp,
             seed=args.seed,
             log_level="INFO",
         )

@@ -51,6 +51,7 @@ import httpx
 
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
 from localcloud.process_groups import ReapedGroup, reap_orphans, spawn_group
+from localcloud.scheduler_fake import SchedulerFake
 from localcloud.tpu_sim import SimServer, World, load_scenario
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port, stop_group
 from localcloud.vm_twin.agent_bundle import PublishedBundle, publish_node_agent
@@ -63,7 +64,7 @@ from shared.adapters.local_scheduler import LocalScheduler
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.config import Settings
 from shared.logging import JsonFormatter, RedactingFilter, register_secret
-from shared.ports import CommandBus, Delivery, SchedulerJob, StateStore
+from shared.ports import CommandBus, Delivery, SchedulerApi, SchedulerJob, StateStore
 from shared.wiring import Runtime
 
 __all__ = ["FUNCTIONS", "ROUTES", "LocalCloud", "LocalCloudOptions", "Route", "StopReport"]
@@ -137,6 +138,9 @@ class LocalCloudOptions:
     function_start_timeout_s: float = 90.0
     emulators: bool = False
     """Store and bus on the real Firestore and Pub/Sub emulators (google-cloud-cli) instead of SQLite files."""
+    gcp: bool = False
+    """The production-path twin: every process with ``TPUCTL_BACKEND=gcp`` (Firestore, Pub/Sub, Secret Manager,
+    Cloud Scheduler, Cloud TPU, Billing, Quotas clients) on the emulators and local stand-ins; implies emulators."""
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -210,11 +214,17 @@ class LocalCloud:
         self._saved_environ: dict[str, str | None] = {}
         self._log_handler: logging.Handler | None = None
         self._clients: list[httpx.Client] = []
-        self._scheduler: LocalScheduler | None = None
+        self._scheduler: SchedulerApi | None = None
         self._secrets = FileSecretStore(self.data_dir / "secrets")
         # What a TPU VM reaches besides the controller: its metadata server's tokens, Secret Manager, Storage.
         self.tokens = TokenIssuer()
         self.google_apis = GoogleApis(self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens)
+        # The production-path twin's controller side: Secret Manager (anonymous, as the emulators) and Scheduler.
+        self.controller_apis = GoogleApis(
+            self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens, require_token=False
+        )
+        self.scheduler_api = SchedulerFake()
+        self._scheduler_url: str | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -253,31 +263,43 @@ class LocalCloud:
                 group.pgid,
                 group.owner,
             )
-        if self.options.emulators:
+        if self.uses_emulators:
             self._start_emulators()
+        if self.options.gcp:
+            self.controller_apis.start()
+            self._scheduler_url = self.scheduler_api.start()
         sim_url = self.sim.start()
         limits = self._scaled_limits()
         bundle = self._publish_node_agent()
         self._settings = Settings.model_validate(
             {
                 **({"node_agent_bundle": bundle.uri, "node_agent_bundle_sha256": bundle.sha256} if bundle else {}),
-                "backend": "local",
+                "backend": "gcp" if self.options.gcp else "local",
                 "project": self.scenario.project,
+                **(
+                    {
+                        "secretmanager_endpoint": self.controller_apis.base_url,
+                        "scheduler_endpoint": self._scheduler_url,
+                        "logging_endpoint": self.google_apis.base_url,  # where the VMs' agents write vLLM's lines
+                    }
+                    if self.options.gcp
+                    else {}
+                ),
                 "data_dir": self.data_dir,
                 "tpu_endpoint": sim_url,
                 "clock": "simulator",
                 "log_level": self.options.log_level,
-                "emulators": self.options.emulators,
+                "emulators": self.options.emulators and not self.options.gcp,
                 **limits,
             }
         )
         settings = self._settings
-        self._ensure_api_key()
-        self._ensure_hf_token()
+        self._ensure_secret(settings.vllm_api_key_secret, "tpk-")
+        self._ensure_secret(settings.hf_token_secret, "hf_")
         self.google_apis.start()
         clock = self.world.clock
         scale = self.options.time_scale
-        if self.options.emulators:
+        if self.uses_emulators:
             self._runtime = Runtime(settings)  # Firestore and Pub/Sub through their adapters, on the emulators
             self._store = self._runtime.store
             self._bus = self._runtime.bus
@@ -291,7 +313,10 @@ class LocalCloud:
                 backoff_max_s=30.0 * scale,
                 clock=clock,
             )
-        self._scheduler = LocalScheduler(self.data_dir / "scheduler.sqlite", clock=clock)
+        if self.options.gcp:
+            self._scheduler = self._runtime.scheduler if self._runtime else None  # Cloud Scheduler, on the fake
+        else:
+            self._scheduler = LocalScheduler(self.data_dir / "scheduler.sqlite", clock=clock)
         self._create_topology()
         self._create_jobs()
         for name in FUNCTIONS:
@@ -368,8 +393,9 @@ class LocalCloud:
             else:
                 os.environ[name] = value
         self.sim.stop()
-        with contextlib.suppress(Exception):
-            self.google_apis.stop()
+        for service in (self.google_apis, self.controller_apis, self.scheduler_api):
+            with contextlib.suppress(Exception):
+                service.stop()
         survivors = _surviving_groups(groups)
         self._stopped = StopReport(tuple(survivors), len(groups), round(time.monotonic() - began, 2))
         if survivors:
@@ -389,6 +415,10 @@ class LocalCloud:
         if self._settings is None:
             raise RuntimeError("LocalCloud: call start() first")
         return self._settings
+
+    @property
+    def uses_emulators(self) -> bool:
+        return self.options.emulators or self.options.gcp
 
     @property
     def sim_url(self) -> str:
@@ -414,14 +444,24 @@ class LocalCloud:
         """``TPUCTL_*`` variables that point a gateway, the CLI or a node agent at this stack (no secrets)."""
         settings = self.settings
         return {
-            "TPUCTL_BACKEND": "local",
+            "TPUCTL_BACKEND": settings.backend,
             "TPUCTL_PROJECT": self.scenario.project,
+            **(
+                {
+                    "TPUCTL_SECRETMANAGER_ENDPOINT": settings.secretmanager_endpoint or "",
+                    "TPUCTL_SCHEDULER_ENDPOINT": settings.scheduler_endpoint or "",
+                    "TPUCTL_LOGGING_ENDPOINT": settings.logging_endpoint or "",
+                }
+                if settings.backend == "gcp"
+                else {}
+            ),
             "TPUCTL_DATA_DIR": str(self.data_dir),
             "TPUCTL_TPU_ENDPOINT": self.sim_url,
             "TPUCTL_CLOCK": "simulator",
             "TPUCTL_LEASE_TTL_S": f"{settings.lease_ttl_s:.0f}",
             "TPUCTL_MAX_EVENT_AGE_S": f"{settings.max_event_age_s:.0f}",
             "TPUCTL_COMMAND_CLAIM_S": f"{settings.command_claim_s:.0f}",
+            **({"TPUCTL_BOOT_BUDGET_S": f"{settings.boot_budget_s:.0f}"} if settings.boot_budget_s else {}),
             "TPUCTL_LOG_LEVEL": settings.log_level,
             **(
                 {
@@ -431,11 +471,8 @@ class LocalCloud:
                 if settings.node_agent_bundle
                 else {}
             ),
-            **(
-                {"TPUCTL_EMULATORS": "true", **{e.kind.env_var: e.host_port for e in self.emulators}}
-                if self.emulators
-                else {}
-            ),
+            **({"TPUCTL_EMULATORS": "true"} if settings.emulators else {}),
+            **{emulator.kind.env_var: emulator.host_port for emulator in self.emulators},
         }
 
     def process_groups(self) -> list[int]:
@@ -452,11 +489,13 @@ class LocalCloud:
         """Limits that protect wall-clock things, stretched so they keep their wall-clock length."""
         scale = self.options.time_scale
         # The Pub/Sub emulator stamps publish times on the wall clock, which virtual time leaves behind.
-        stale_wall_s = 24 * 3600.0 if self.options.emulators else 600.0
+        stale_wall_s = 24 * 3600.0 if self.uses_emulators else 600.0
         return {
             "lease_ttl_s": max(120.0, 30.0 * scale),  # a crashed reconciler's lease frees after 30 wall s
             "max_event_age_s": max(3600.0, stale_wall_s * scale),  # a command is stale after 10 wall min
             "command_claim_s": max(600.0, 60.0 * scale),  # a stuck first delivery is taken over after 1 wall min
+            # a VM twin boots vLLM on CPU in wall time (40-120 s here): DOWN only after 5 wall minutes of silence
+            "boot_budget_s": min(86400.0, max(3600.0, 300.0 * scale)),
         }
 
     def _start_emulators(self) -> None:
@@ -473,14 +512,16 @@ class LocalCloud:
             self._saved_environ[emulator.kind.env_var] = os.environ.get(emulator.kind.env_var)
             os.environ[emulator.kind.env_var] = emulator.host_port
 
-    def _ensure_api_key(self) -> None:
-        """The vLLM API key: made once per data folder, kept in the 0600 secret store, registered for redaction."""
-        name = self.settings.vllm_api_key_secret
-        key = self._secrets.get(name)
-        if key is None:
-            key = "tpk-" + secrets.token_urlsafe(32)
-            self._secrets.put(name, key)
-        register_secret(key)
+    def _ensure_secret(self, name: str, prefix: str) -> None:
+        """A secret made once per data folder, kept in the 0600 secret store, registered for redaction.
+
+        The vLLM API key, and a Hugging Face token the VMs read as on Google Cloud (no Hub is reached here: the
+        VM's disk holds the stand-in weights)."""
+        value = self._secrets.get(name)
+        if value is None:
+            value = prefix + secrets.token_urlsafe(32)
+            self._secrets.put(name, value)
+        register_secret(value)
 
     def _publish_node_agent(self) -> PublishedBundle | None:
         """The node-agent bundle in the Storage stand-in, as ``make package`` and Terraform put it in a bucket."""
@@ -492,18 +533,9 @@ class LocalCloud:
             log.warning("VMs get no node agent (no benchmarks, restarts or tails): %s; run make setup-local", exc)
             return None
 
-    def _ensure_hf_token(self) -> None:
-        """A Hugging Face token for the VMs to read (no Hub is reached here; the VM's cache holds the weights)."""
-        name = self.settings.hf_token_secret
-        token = self._secrets.get(name)
-        if token is None:
-            token = "hf_" + secrets.token_urlsafe(30)
-            self._secrets.put(name, token)
-        register_secret(token)
-
     def _emulator_ports(self) -> list[int]:
-        """Loopback ports of the emulators, which a VM's node agent reaches in emulator mode."""
-        return [int(emulator.host_port.rsplit(":", 1)[1]) for emulator in self.emulators]
+        """The Pub/Sub emulator's port, which a VM's node agent reaches (a VM has no business with Firestore)."""
+        return [int(e.host_port.rsplit(":", 1)[1]) for e in self.emulators if e.kind.env_var == "PUBSUB_EMULATOR_HOST"]
 
     def _create_topology(self) -> None:
         bus = self.bus
@@ -673,7 +705,10 @@ class LocalCloud:
         assert scheduler is not None and bus is not None
         while not self._stop_event.wait(self.options.ticker_interval_s):
             try:
-                scheduler.run_due(bus)
+                if isinstance(scheduler, LocalScheduler):
+                    scheduler.run_due(bus)
+                else:  # Cloud Scheduler's stand-in fires its own jobs, on the simulator's clock
+                    self.scheduler_api.fire_due(self.world.clock.now(), bus.publish)
             except Exception:  # a locked database or a closed bus at shutdown: try again next round
                 if self._stop_event.is_set():
                     return

@@ -10,6 +10,7 @@ can publish its Pub/Sub target there). Loopback only.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -19,6 +20,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from shared.adapters.local_scheduler import CronSchedule
 
 __all__ = ["SchedulerFake"]
 
@@ -46,6 +49,7 @@ class SchedulerFake:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.fail_next: list[int] = []
+        self._fired: dict[str, datetime] = {}  # job name -> the cron slot it last fired for
         self._on_run = on_run
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -231,6 +235,28 @@ class SchedulerFake:
         if "schedule" in job and len(str(job["schedule"]).split()) != 5:
             raise _ApiError(400, f"Schedule has invalid value {job['schedule']!r}: use 5 unix-cron fields")
         return job
+
+    def fire_due(self, now: datetime, publish: Callable[[str, bytes, dict[str, str]], object]) -> int:
+        """Publish every enabled Pub/Sub job whose cron slot passed since it last fired, as Cloud Scheduler does.
+
+        ``now`` is the caller's clock (the simulator's virtual time in the local cloud); a job first seen now
+        fires at its next slot, not at once. ``publish(topic, data, attributes)`` gets the topic's short name.
+        """
+        with self._lock:
+            due = []
+            for name, job in self.jobs.items():
+                target = job.get("pubsubTarget")
+                if job.get("state") != "ENABLED" or not isinstance(target, dict) or "schedule" not in job:
+                    continue
+                last = self._fired.setdefault(name, now)
+                slot = CronSchedule.parse(str(job["schedule"])).last_slot(last, now)
+                if slot is not None:
+                    self._fired[name] = slot
+                    due.append(target)
+        for target in due:
+            data = base64.b64decode(str(target.get("data") or ""))
+            publish(str(target["topicName"]).rsplit("/", 1)[1], data, dict(target.get("attributes") or {}))
+        return len(due)
 
     def state_of(self, short_name: str) -> str | None:
         """``ENABLED`` / ``PAUSED`` for the job whose id is ``short_name`` (any project/location), or None."""

@@ -21,6 +21,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=("local", "gcp"), help="overrides TPUCTL_BACKEND")
     parser.add_argument("--project", help="Google Cloud project id (overrides TPUCTL_PROJECT)")
     parser.add_argument("--data-dir", help="embedded stack folder (overrides TPUCTL_DATA_DIR)")
+    parser.add_argument(
+        "--endpoint-access",
+        choices=("direct", "iap"),
+        help="how live calls reach vLLM: direct or an IAP tunnel (overrides TPUCTL_ENDPOINT_ACCESS)",
+    )
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
     return parser
 
@@ -37,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["project"] = args.project
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
+    if args.endpoint_access:
+        overrides["endpoint_access"] = args.endpoint_access
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:

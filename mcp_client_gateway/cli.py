@@ -581,6 +581,13 @@ def _common_options(*, top: bool) -> argparse.ArgumentParser:
     common.add_argument("--backend", choices=("local", "gcp"), default=default(None), help="overrides TPUCTL_BACKEND")
     common.add_argument("--project", default=default(None), help="overrides TPUCTL_PROJECT")
     common.add_argument("--data-dir", default=default(None), help="overrides TPUCTL_DATA_DIR")
+    common.add_argument(
+        "--endpoint-access",
+        choices=("direct", "iap"),
+        default=default(None),
+        help="how query and health reach vLLM: direct (inside the VPC) or iap (a gcloud IAP tunnel); "
+        "overrides TPUCTL_ENDPOINT_ACCESS",
+    )
     return common
 
 
@@ -765,7 +772,12 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     from mcp_client_gateway.__main__ import main as serve
 
     forwarded: list[str] = []
-    for flag, value in (("--backend", args.backend), ("--project", args.project), ("--data-dir", args.data_dir)):
+    for flag, value in (
+        ("--backend", args.backend),
+        ("--project", args.project),
+        ("--data-dir", args.data_dir),
+        ("--endpoint-access", args.endpoint_access),
+    ):
         if value:
             forwarded += [flag, str(value)]
     if args.read_only:
@@ -779,7 +791,7 @@ def _build_ports(args: argparse.Namespace, out: Output) -> GatewayPorts | None:
     from shared.logging import configure_logging
 
     overrides: dict[str, Any] = {}
-    for key in ("backend", "project", "data_dir"):
+    for key in ("backend", "project", "data_dir", "endpoint_access"):
         value = getattr(args, key, None)
         if value:
             overrides[key] = value

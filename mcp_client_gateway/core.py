@@ -2,7 +2,9 @@
 
 Rules it keeps (DESIGN.md §1, reliability-security.md §10):
 
-- Reads come from the state store (or a live call to the endpoint); nothing shells out.
+- Reads come from the state store (or a live call to the endpoint); nothing shells out here. With
+  ``TPUCTL_ENDPOINT_ACCESS=iap`` the live calls go through the ``EndpointAccess`` port, whose adapter runs
+  ``gcloud compute start-iap-tunnel`` (argv only, checked values, no secret) and hands back a loopback URL.
 - Commands are validated with the wire models (``decode_message``), published with the deployment id as
   ordering key, and answered at once with the ``command_id``; the controller does the work.
 - Destructive commands (delete, stop, restart, overwriting the HF token) need ``confirm`` equal to the
@@ -96,6 +98,9 @@ from shared.messages.contracts import UUID_PATTERN
 from shared.ports import (
     Clock,
     CommandBus,
+    EndpointAccess,
+    EndpointAccessError,
+    EndpointTarget,
     LogEntry,
     LogQuery,
     LogReader,
@@ -222,7 +227,8 @@ class GatewayError(Exception):
 
 @dataclass
 class GatewayPorts:
-    """What the gateway runs on. ``logs`` and ``model_client`` may be absent (those tools then say so)."""
+    """What the gateway runs on. ``logs`` and ``model_client`` may be absent (those tools then say so);
+    without ``endpoint_access`` live calls use the recorded endpoint URL as it is (``direct``)."""
 
     settings: Settings
     store: StateStore
@@ -233,6 +239,7 @@ class GatewayPorts:
     model_client: ModelClient | None = None
     quotas: QuotaApi | None = None
     tpu: TpuApi | None = None
+    endpoint_access: EndpointAccess | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -304,6 +311,8 @@ class GatewayCore:
         serving = {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype}
         if any(value is not None for value in serving.values()):
             spec["serving"] = {key: value for key, value in serving.items() if value is not None}
+        if self.settings.boot_budget_s is not None:  # the installation's default (TPUCTL_BOOT_BUDGET_S)
+            spec["health"] = {"boot_budget_s": self.settings.boot_budget_s}
         command_id = self._command_id(command_id)
         duplicate = self._duplicate(command_id, "deployment.create", deployment_id)
         if duplicate is not None:
@@ -822,8 +831,9 @@ class GatewayCore:
             )
         client = self._model_client()
         api_key = self._vllm_api_key()
+        url = self._endpoint_url(record)
         try:
-            probe = client.check(endpoint, api_key, timeout_s=5.0)
+            probe = client.check(url, api_key, timeout_s=5.0)
         except CloudError as exc:
             raise _from_cloud(exc, "endpoint") from None
         checks.append(
@@ -846,7 +856,9 @@ class GatewayCore:
         completion_ok = False
         if probe.models:
             try:
-                chat = self._chat(record, (("user", "Reply with OK."),), max_tokens=1, temperature=0.0, timeout_s=15.0)
+                chat = self._chat(
+                    record, (("user", "Reply with OK."),), max_tokens=1, temperature=0.0, timeout_s=15.0, url=url
+                )
                 completion_ok = (chat.completion_tokens or 0) >= 1 or bool(chat.text)
                 checks.append(
                     HealthCheck(
@@ -1323,12 +1335,10 @@ class GatewayCore:
         max_tokens: int,
         temperature: float,
         timeout_s: float,
+        url: str | None = None,
     ) -> Any:
-        endpoint = record.status.endpoint
-        if not endpoint:
-            raise GatewayError("failed_precondition", "deployment_id", "no endpoint recorded", "wait for SERVING")
         request = ModelChatRequest(
-            endpoint=endpoint,
+            endpoint=url or self._endpoint_url(record),
             messages=messages,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -1339,6 +1349,44 @@ class GatewayCore:
             return self._model_client().chat(request)
         except CloudError as exc:
             raise _from_cloud(exc, "max_tokens" if exc.error_class is ErrorClass.INVALID else "endpoint") from None
+
+    def _endpoint_url(self, record: DeploymentRecord) -> str:
+        """Where this process reaches the deployment's vLLM: the recorded URL (``direct``), or what the
+        ``EndpointAccess`` port opens to it (an IAP tunnel on loopback)."""
+        status = record.status
+        endpoint = status.endpoint
+        if not endpoint:
+            raise GatewayError("failed_precondition", "deployment_id", "no endpoint recorded", "wait for SERVING")
+        access = self.ports.endpoint_access
+        if access is None:
+            return endpoint
+        serving = [r for r in status.resources if r.endpoint == endpoint and r.zone == status.zone]
+        if not serving or status.zone is None:
+            raise GatewayError(
+                "failed_precondition",
+                "deployment_id",
+                f"no node of '{record.deployment_id}' is recorded with its endpoint",
+                "wait for the next reconcile tick, then retry",
+            )
+        ref = max(serving, key=lambda r: (r.generation, r.attempt))
+        target = EndpointTarget(
+            deployment_id=record.deployment_id,
+            endpoint=endpoint,
+            zone=status.zone,
+            node=ref.name,
+            backend=status.backend or ref.backend,
+        )
+        self._register_known_secrets()  # before a child process gets an environment
+        try:
+            return access.base_url(target)
+        except EndpointAccessError as exc:
+            raise GatewayError(
+                _ACCESS_CODES.get(exc.error_class, "unavailable"),
+                exc.field,
+                clean_text(exc.message, limit=400)[0],
+                exc.fix,
+                retry_after_s=10 if exc.transient else None,
+            ) from None
 
     def _check_hf_token_for(self, model: str) -> None:
         if self.settings.backend != "gcp" or model == "tiny-llama":
@@ -1520,6 +1568,14 @@ def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
             take(best[2])  # the other figures are those at the peak
         break
     return found
+
+
+_ACCESS_CODES: dict[ErrorClass, ErrorCode] = {
+    ErrorClass.PERMISSION: "permission_denied",
+    ErrorClass.INVALID: "failed_precondition",  # a recorded value, not the caller's argument
+    ErrorClass.NOT_FOUND: "failed_precondition",
+    ErrorClass.FAILED_PRECONDITION: "failed_precondition",
+}
 
 
 def _from_cloud(exc: CloudError, field: str) -> GatewayError:

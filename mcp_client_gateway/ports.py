@@ -65,7 +65,7 @@ def build_ports(settings: Settings) -> GatewayPorts:
         if settings.backend == "gcp":
             from shared.adapters.cloud_logging import CloudLoggingReader
 
-            return CloudLoggingReader(runtime.project)
+            return CloudLoggingReader(runtime.project, endpoint=settings.logging_endpoint)
         from shared.adapters.local_logs import JsonLinesLogReader
 
         return JsonLinesLogReader(local_log_dir(settings))
@@ -101,6 +101,13 @@ def build_ports(settings: Settings) -> GatewayPorts:
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))
+    if settings.endpoint_access == "iap":
+        # From a workstation: live calls reach the VM through IAP TCP forwarding (docs/deploy.md). Closed first.
+        from shared.adapters.iap_tunnel import IapTunnels, tpu_vm_instance
+
+        tunnels = IapTunnels(project=settings.project, instance_of=tpu_vm_instance(cast(TpuApi, deferred["tpu"])))
+        ports.endpoint_access = tunnels
+        ports.closers.append(tunnels.close)
     return ports
 
 

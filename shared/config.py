@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.domain.cloud import NodePlacement
@@ -42,6 +42,20 @@ class Settings(BaseSettings):
         "(FIRESTORE_EMULATOR_HOST, PUBSUB_EMULATOR_HOST); secrets, scheduler and TPU stay local.",
     )
     firestore_database: str = Field(default="(default)", description="Firestore database id.")
+    # Google API endpoints: unset means Google's own. The production-path twin points them at local stand-ins
+    # (the Firestore and Pub/Sub emulators are found by their own variables, FIRESTORE_/PUBSUB_EMULATOR_HOST).
+    secretmanager_endpoint: str | None = Field(
+        default=None, pattern=r"^https?://", description="Secret Manager REST endpoint (default: Google's)."
+    )
+    scheduler_endpoint: str | None = Field(
+        default=None, pattern=r"^https?://", description="Cloud Scheduler REST endpoint (default: Google's)."
+    )
+    logging_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Cloud Logging REST endpoint for the gateway's reads and the node agent's writes "
+        "(default: Google's).",
+    )
     topic_commands: str = "tpuctl-commands"
     topic_ticks: str = "tpuctl-ticks"
     topic_events: str = "tpuctl-events"
@@ -53,6 +67,13 @@ class Settings(BaseSettings):
     command_ttl_days: int = Field(default=30, ge=1, description="How long the idempotency ledger keeps an entry.")
     sample_ttl_days: int = Field(default=14, ge=1, description="How long monitor samples are kept.")
     lease_ttl_s: float = Field(default=120.0, gt=0, description="Reconciler lease length.")
+    boot_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        description="Boot budget given to new deployments (their health.boot_budget_s): how long a VM may take "
+        "from ACTIVE to vLLM's first answer before the monitor calls it DOWN. Unset: the spec's default.",
+    )
     node_task_timeout_s: float = Field(
         default=300.0, gt=0, le=86400, description="A node task (restart, log tail) unanswered this long has failed."
     )
@@ -74,6 +95,22 @@ class Settings(BaseSettings):
     node_agent_bundle_sha256: str | None = Field(
         default=None, description="SHA-256 (64 hex) of that bundle; a VM refuses a bundle with another digest."
     )
+    # How the gateway reaches a deployment's vLLM (docs/deploy.md, "Reaching a deployment from a workstation").
+    endpoint_access: Literal["direct", "iap"] = Field(
+        default="direct",
+        description="direct: the recorded endpoint URL as it is (inside the VPC, the local cloud); "
+        "iap: through an IAP TCP forwarding tunnel the gateway opens with gcloud (from a workstation).",
+    )
+
+    @field_validator("endpoint_access", mode="before")
+    @classmethod
+    def _known_endpoint_access(cls, value: object) -> object:
+        if value not in ("direct", "iap"):
+            raise ValueError(
+                f"TPUCTL_ENDPOINT_ACCESS: {str(value)[:40]!r} is neither 'direct' nor 'iap'; use direct inside the "
+                "VPC or with the local cloud, iap from a workstation"
+            )
+        return value
 
     @model_validator(mode="after")
     def _gcp_needs_project(self) -> Settings:

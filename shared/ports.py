@@ -13,8 +13,10 @@ from typing import Literal, Protocol, get_args, runtime_checkable
 
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
+from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.health import ProbeResult
 from shared.domain.models import (
+    Backend,
     BenchmarkRun,
     CommandRecord,
     DeploymentRecord,
@@ -29,17 +31,24 @@ from shared.domain.quota import TPU_QUOTA_SERVICE, QuotaLimit
 __all__ = [
     "Clock",
     "CommandBus",
+    "ContainerLogLine",
+    "ContainerLogs",
     "ContainerState",
     "Delivery",
+    "EndpointAccess",
+    "EndpointAccessError",
+    "EndpointTarget",
     "Fence",
     "Handler",
     "LogEntry",
     "LogQuery",
     "LogReader",
+    "LogSink",
     "ModelChat",
     "ModelChatRequest",
     "ModelClient",
     "ModelEndpointCheck",
+    "NodeLogLine",
     "QuotaApi",
     "SchedulerApi",
     "SchedulerJob",
@@ -406,3 +415,80 @@ class ServingContainer(Protocol):
     def tail(self, lines: int) -> list[str]:
         """The newest ``lines`` lines of the container's log (stdout and stderr), oldest first."""
         ...
+
+
+@dataclass(frozen=True)
+class EndpointTarget:
+    """A deployment's vLLM as the controller recorded it, and the VM it runs on, for a way in from elsewhere.
+
+    ``endpoint`` is reachable inside the VPC only (TPU VMs have no external IP). ``node`` is the slice's
+    resource name: the TPU node id (Cloud TPU API) or the instance name (Compute Engine).
+    """
+
+    deployment_id: str
+    endpoint: str
+    zone: str
+    node: str
+    backend: Backend
+
+
+class EndpointAccessError(CloudError):
+    """The way to an endpoint could not be opened: ``field`` is what is at fault, ``fix`` what the operator does."""
+
+    def __init__(self, error_class: ErrorClass, field: str, message: str, fix: str) -> None:
+        super().__init__(error_class, message)
+        self.field = field
+        self.fix = fix
+
+
+class EndpointAccess(Protocol):
+    """How the gateway reaches a deployment's vLLM from where it runs (``TPUCTL_ENDPOINT_ACCESS``).
+
+    Not configured (``direct``): the recorded URL as it is. ``iap``: an IAP TCP forwarding tunnel
+    (``shared.adapters.iap_tunnel``). The API key never passes through here: it stays in the HTTP
+    Authorization header the model client sends over whatever connection this opens.
+    """
+
+    def base_url(self, target: EndpointTarget) -> str:
+        """A base URL that reaches ``target``'s vLLM from this process; raises ``EndpointAccessError``."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever this opened (tunnel processes); safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True)
+class ContainerLogLine:
+    """One line of a container's log as the engine stamped it: ``time_ns`` is nanoseconds since the epoch (UTC)."""
+
+    time_ns: int
+    text: str
+
+
+class ContainerLogs(Protocol):
+    """A container's log read forward (the Engine API's ``logs`` with ``since`` and ``timestamps``)."""
+
+    def read_since(self, since_ns: int, *, max_lines: int) -> list[ContainerLogLine]:
+        """Lines stamped at or after ``since_ns`` (0: from the start), oldest first, the oldest ``max_lines``."""
+        ...
+
+
+@dataclass(frozen=True)
+class NodeLogLine:
+    """A serving-container line ready to ship: cleaned and redacted text, its parsed severity, the engine's time."""
+
+    time_ns: int
+    severity: LogSeverity
+    text: str
+
+
+class LogSink(Protocol):
+    """Where the node agent ships its serving container's lines, bound to one deployment and container.
+
+    Cloud Logging on Google Cloud; on the embedded default nothing, since the container's log file is the log store
+    there. ``write`` takes a whole batch or raises a classified ``CloudError``: ``INVALID`` means this batch will
+    never be taken; anything else may pass later.
+    """
+
+    def write(self, lines: Sequence[NodeLogLine]) -> None: ...

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings, get_settings
-from shared.ports import Clock, CommandBus, SchedulerApi, SecretStore, StateStore, TpuApi
+from shared.ports import Clock, CommandBus, LogSink, SchedulerApi, SecretStore, StateStore, TpuApi
 
 if TYPE_CHECKING:
     from shared.domain.serving_plan import ServingEnvironment
@@ -95,7 +95,7 @@ class Runtime:
         if self.settings.backend == "gcp":
             from shared.adapters.secret_manager import SecretManagerStore
 
-            return SecretManagerStore(self.project)
+            return SecretManagerStore(self.project, endpoint=self.settings.secretmanager_endpoint)
         from shared.adapters.file_secrets import FileSecretStore
 
         return FileSecretStore(self._data / "secrets")
@@ -135,7 +135,7 @@ class Runtime:
         if self.settings.backend == "gcp":
             from shared.adapters.cloud_scheduler import CloudSchedulerApi
 
-            return CloudSchedulerApi(self.project, self.settings.region)
+            return CloudSchedulerApi(self.project, self.settings.region, endpoint=self.settings.scheduler_endpoint)
         from shared.adapters.local_scheduler import LocalScheduler
 
         return LocalScheduler(self._data / "scheduler.sqlite", clock=self.clock)
@@ -201,6 +201,19 @@ class Runtime:
             topic_node_tasks=self.settings.topic_node_tasks, answer_timeout_s=self.settings.node_task_timeout_s
         )
         return NodeTasks(self.store, self.bus, self.clock, settings)
+
+    def log_sink(self, deployment_id: str, container: str) -> LogSink:
+        """Where the node agent ships its serving container's lines: Cloud Logging as the VM on ``gcp``; on the
+        embedded default nowhere, since the container's own log file is the local log store."""
+        if self.settings.backend == "gcp":
+            from shared.adapters.cloud_logging_sink import CloudLoggingSink
+
+            return CloudLoggingSink(
+                self.project, deployment_id=deployment_id, container=container, endpoint=self.settings.logging_endpoint
+            )
+        from shared.adapters.local_log_sink import LocalFilesLogSink
+
+        return LocalFilesLogSink()
 
     def close(self) -> None:
         """Close every port built so far that holds connections (tests and the local runner call it)."""

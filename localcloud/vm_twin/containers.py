@@ -10,7 +10,8 @@ agent adapter (``shared.adapters.docker_engine``) run unchanged. A container is 
   ``POST /containers/{id}/wait`` (blocks until the process exits; ``{"StatusCode"}``),
   ``POST /containers/{id}/restart?t=``, ``DELETE /containers/{id}?force=1``;
 * ``GET /containers/{id}/json`` (``State``, ``RestartCount``, ``Config.Labels``, ``Config.Image``) and
-  ``GET /containers/{id}/logs`` (multiplexed frames on stream 2, ``tail``, ``timestamps``).
+  ``GET /containers/{id}/logs`` (multiplexed frames on stream 2, ``tail``, ``timestamps``, ``since``; each line is
+  stamped when the runtime first sees it, see :mod:`log_times`).
 
 Restart policies ``always`` and ``unless-stopped`` restart an exited process with backoff (1 s doubling to 30 s),
 counting ``RestartCount``; ``AutoRemove`` removes it when it exits. Binds are honoured by the image stand-in
@@ -37,6 +38,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from localcloud.vm_twin.log_times import log_times
 
 __all__ = [
     "Container",
@@ -253,6 +256,11 @@ class ContainerRuntime:
         with self._lock:
             return sorted(self._containers)
 
+    def now_ns(self) -> int:
+        """The VM's clock in nanoseconds: log lines are stamped on it."""
+        moment = self._now()
+        return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
@@ -428,7 +436,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and action == "json":
             return 200, runtime.get(name).inspect()
         if method == "GET" and action == "logs":
-            return 200, _logs(runtime.get(name), query)
+            return 200, _logs(runtime.get(name), query, runtime.now_ns)
         if method == "POST" and action == "start":
             runtime.start(name)
             return 204, {}
@@ -451,17 +459,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-def _logs(container: Container, query: Mapping[str, str]) -> bytes:
+def _logs(container: Container, query: Mapping[str, str], now_ns: Callable[[], int]) -> bytes:
+    """The Engine API's logs: ``tail`` (a count or ``all``), ``since`` (UNIX seconds, ``S`` or ``S.NNNNNNNNN``;
+    lines stamped at or after it), ``timestamps`` (RFC 3339 with nanoseconds before each line)."""
     if query.get("stdout") not in ("1", "true") and query.get("stderr") not in ("1", "true"):
         raise ContainerError(400, "Bad parameters: you must choose at least one stream")
     tail = query.get("tail", "all")
     if tail != "all" and not tail.isdigit():
         raise ContainerError(400, f"tail: {tail!r} must be a number of lines or 'all'")
-    count = _MAX_TAIL if tail == "all" else min(int(tail), _MAX_TAIL)
-    lines = tail_file(container.launch.log_path, count) if count > 0 else []
-    stamp = b""
-    if query.get("timestamps") in ("1", "true"):
-        with contextlib.suppress(OSError):
-            moment = datetime.fromtimestamp(container.launch.log_path.stat().st_mtime, UTC)
-            stamp = (docker_time(moment) + " ").encode()
-    return b"".join(frame(2, stamp + line + b"\n") for line in lines)
+    since_ns = _since_ns(query.get("since", ""))
+    count = None if tail == "all" else min(int(tail), _MAX_TAIL)
+    lines = log_times(container.launch.log_path, now_ns).lines(since_ns, count)
+    stamped = query.get("timestamps") in ("1", "true")
+    return b"".join(frame(2, (f"{_nano_time(ns)} ".encode() if stamped else b"") + line + b"\n") for ns, line in lines)
+
+
+def _since_ns(value: str) -> int:
+    """Docker's ``since``: empty or 0 for everything, else seconds with an optional fraction of up to 9 digits."""
+    seconds, _, fraction = value.partition(".")
+    if not value or value == "0":
+        return 0
+    if not seconds.isdigit() or (fraction and not (fraction.isdigit() and len(fraction) <= 9)):
+        raise ContainerError(400, f"since: {value!r} is not a UNIX timestamp (seconds[.nanoseconds])")
+    return int(seconds) * 1_000_000_000 + int(fraction.ljust(9, "0") or 0)
+
+
+def _nano_time(ns: int) -> str:
+    """RFC 3339 with nine fraction digits in UTC, as ``docker logs --timestamps`` writes it."""
+    whole = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{ns % 1_000_000_000:09d}Z"

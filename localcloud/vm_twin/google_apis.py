@@ -8,11 +8,19 @@ Only the calls a VM makes are served, on Google's REST wire:
 * ``GET /v1/projects/P/secrets/S/versions/V:access`` (V a number or ``latest``): ``{"name", "payload": {"data"}}``
   with base64 data; 404 ``NOT_FOUND`` "Secret [...] not found or has no versions." as Google words it;
 * ``GET /storage/v1/b/B`` (bucket metadata), ``GET /storage/v1/b/B/o/O`` (object metadata; ``?alt=media``
-  for the bytes) and ``GET /download/storage/v1/b/B/o/O?alt=media``.
+  for the bytes) and ``GET /download/storage/v1/b/B/o/O?alt=media``;
+* Cloud Logging's ``POST /v2/entries:write`` (the node agent ships vLLM's lines) and ``POST /v2/entries:list``
+  (``tpu_get_logs`` reads them), served by :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need
+  a VM's token like every call here; a list is served to any caller, token or not (the gateway reads with the
+  user's credentials on Google Cloud, anonymously here).
 
 Every call needs ``Authorization: Bearer`` with a token a VM's metadata server issued (401 ``UNAUTHENTICATED``
 otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Secrets come
 from the installation's secret store (the same one the controller uses); objects from ``buckets/<B>/<O>`` files.
+
+The controller's side (functions and gateway in the production-path twin) gets its own instance with
+``require_token=False``, as it reaches the emulators: there the REST client is anonymous, and it may also create
+a secret (``POST /v1/projects/P/secrets?secretId=S``) and add a version (``POST .../secrets/S:addVersion``).
 """
 
 from __future__ import annotations
@@ -24,14 +32,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from localcloud.vm_twin.logging_api import CloudLoggingStandIn
 from localcloud.vm_twin.metadata_server import TokenIssuer
 from shared.ports import SecretStore
 
 __all__ = ["GoogleApis"]
 
 _SECRET = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$")
+_SECRETS = re.compile(r"^/v1/projects/([^/]+)/secrets$")
+_ADD_VERSION = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/:]+):addVersion$")
 _BUCKET = re.compile(r"^/storage/v1/b/([^/]+)$")
 _OBJECT = re.compile(r"^/(?:download/)?storage/v1/b/([^/]+)/o/(.+)$")
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
@@ -41,17 +52,27 @@ class GoogleApis:
     """Secret Manager ``:access`` and Cloud Storage reads for the VMs of one project."""
 
     def __init__(
-        self, project: str, secrets: SecretStore, buckets_dir: Path, tokens: TokenIssuer, *, host: str = "127.0.0.1"
+        self,
+        project: str,
+        secrets: SecretStore,
+        buckets_dir: Path,
+        tokens: TokenIssuer,
+        *,
+        require_token: bool = True,
+        host: str = "127.0.0.1",
     ) -> None:
         self.project = project
+        self.require_token = require_token
         self.secrets = secrets
         self.buckets_dir = buckets_dir
         self.tokens = tokens
+        self.logging = CloudLoggingStandIn(project, tokens)
         self.calls: list[tuple[str, str]] = []  # (method, path) of every call, for tests that prove a route ran
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
         self._server.apis = self  # type: ignore[attr-defined]
+        self._serving: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -66,14 +87,20 @@ class GoogleApis:
         return {
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": f"{self.base_url}/",
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{self.base_url}/storage/v1/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": f"{self.base_url}/",
+            "TPUCTL_LOGGING_ENDPOINT": self.base_url,  # the node agent's log sink (Settings.logging_endpoint)
         }
 
     def start(self) -> str:
-        threading.Thread(target=self._server.serve_forever, name="google-apis", daemon=True).start()
+        self._serving = threading.Thread(target=self._server.serve_forever, name="google-apis", daemon=True)
+        self._serving.start()
         return self.base_url
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving (a no-op for an instance never started: the embedded default starts only one)."""
+        if self._serving is not None:
+            self._server.shutdown()
+            self._serving = None
         self._server.server_close()
 
     def put_object(self, bucket: str, name: str, data: bytes) -> str:
@@ -88,7 +115,7 @@ class GoogleApis:
     def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any] | bytes]:
         with self._lock:
             self.calls.append(("GET", path))
-        if self.tokens.identity(authorization) is None:
+        if self.require_token and self.tokens.identity(authorization) is None:
             return _error(401, "Request had invalid authentication credentials.")
         if match := _SECRET.match(path):
             return self._access(*match.groups())
@@ -101,6 +128,22 @@ class GoogleApis:
             return self._object(match.group(1), unquote(match.group(2)), media="alt=media" in query)
         return _error(404, f"no such API here: {path}")
 
+    def write(self, path: str, query: str, body: dict[str, Any]) -> tuple[int, dict[str, Any] | bytes]:
+        """``POST``: create a secret or add a version (the controller's side only)."""
+        with self._lock:
+            self.calls.append(("POST", path))
+        if self.require_token:
+            return _error(403, "Permission 'secretmanager.versions.add' denied: a VM may only read its secrets")
+        if match := _SECRETS.match(path):
+            name = parse_qs(query).get("secretId", [""])[0]
+            return 200, {"name": f"projects/{match.group(1)}/secrets/{name}", "replication": {"automatic": {}}}
+        if match := _ADD_VERSION.match(path):
+            project, secret = match.groups()
+            data = base64.b64decode(str((body.get("payload") or {}).get("data") or ""))
+            version = self.secrets.put(secret, data.decode("utf-8")).rsplit("/", 1)[-1]
+            return 200, {"name": f"projects/{project}/secrets/{secret}/versions/{version}", "state": "ENABLED"}
+        return _error(404, f"no such API here: POST {path}")
+
     def _access(self, project: str, secret: str, version: str) -> tuple[int, dict[str, Any] | bytes]:
         if project != self.project:
             return _error(403, f"Permission 'secretmanager.versions.access' denied for resource '{path_of(project)}'")
@@ -112,7 +155,7 @@ class GoogleApis:
 
     def _object(self, bucket: str, name: str, *, media: bool) -> tuple[int, dict[str, Any] | bytes]:
         path = self._object_path(bucket, name)
-        if path is None or not path.is_file():
+        if not path.is_file():
             return _error(404, f"No such object: {bucket}/{name}")
         if media:
             return 200, path.read_bytes()
@@ -145,6 +188,26 @@ class _Handler(BaseHTTPRequestHandler):
             status, body = apis.answer(url.path, url.query, self.headers.get("Authorization"))
         except ValueError as exc:
             status, body = _error(400, str(exc))
+        self._reply(status, body)
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        if url.path.startswith("/v2/entries:"):
+            with apis._lock:
+                apis.calls.append(("POST", url.path))
+            raw = self.rfile.read(length) if length else b""
+            self._reply(*apis.logging.answer(url.path, raw, self.headers.get("Authorization")))
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            status, answer = apis.write(url.path, url.query, body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            status, answer = _error(400, str(exc))
+        self._reply(status, answer)
+
+    def _reply(self, status: int, body: dict[str, Any] | bytes) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream" if isinstance(body, bytes) else "application/json")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -382,8 +383,6 @@ class VmFleet:
         for pipe in vm.routes:
             pipe.close()
         vm.metadata.stop()
-        import shutil
-
         shutil.rmtree(vm.socket_dir, ignore_errors=True)
         log.info("node %s/%s: %s; VM powered off", vm.zone, vm.node_id, reason)
         with self._lock:

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -105,12 +106,14 @@ def container_log(config: VmConfig, spec: ContainerSpec) -> Path:
     return log_dir / f"container-{deployment}-{spec.name}.log"
 
 
-def _clock(config: VmConfig) -> object:
+def _now(config: VmConfig) -> Callable[[], datetime] | None:
+    """The VM's clock: the simulator's virtual time in the local cloud (container start times are compared with
+    command times on it), else the system clock."""
     if not config.clock_endpoint:
         return None
     from shared.adapters.sim_clock import SimulatorClock
 
-    return SimulatorClock(config.clock_endpoint)
+    return SimulatorClock(config.clock_endpoint).now
 
 
 def start_containers(config: VmConfig) -> tuple[ContainerRuntime, EngineApiServer]:
@@ -123,9 +126,7 @@ def start_containers(config: VmConfig) -> tuple[ContainerRuntime, EngineApiServe
         env=config.container_env,
         max_model_len=config.max_model_len,
     )
-    clock = _clock(config)
-    now = getattr(clock, "now", None)
-    runtime = ContainerRuntime(image, now=now if callable(now) else None)
+    runtime = ContainerRuntime(image, now=_now(config))
     # The socket lives where the host can reach it too (the fleet reads container pids); the VM finds it at the
     # usual place, /var/run/docker.sock.
     server = EngineApiServer(runtime, Path(config.socket_dir) / "docker.sock").start()

@@ -3,7 +3,11 @@
 The filter is built only from closed values (a deployment id that matched its pattern, a severity from the
 enum, a timestamp we format, a source from a fixed table), so no caller text reaches the query language.
 Controller logs are the three Cloud Functions (gen2 functions run as Cloud Run revisions); node logs are the
-TPU VM's (``tpu_worker`` and, for the Compute Engine back end, ``gce_instance``).
+TPU VM's (``tpu_worker`` and, for the Compute Engine back end, ``gce_instance``), among them the vLLM container's
+lines the node agent ships (``logName`` ``tpuctl-vllm``, label ``container``, severities parsed from vLLM's format).
+
+``endpoint`` (``TPUCTL_LOGGING_ENDPOINT``) points the client elsewhere, over REST and anonymous as the other
+adapters with an endpoint are (the local cloud's Cloud Logging stand-in serves reads to any caller).
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ def build_filter(query: LogQuery, now: datetime) -> str:
 class CloudLoggingReader:
     """Reads entries of one project, newest first; the SDK client is built on first use."""
 
-    def __init__(self, project: str, *, client: Any | None = None) -> None:
+    def __init__(self, project: str, *, client: Any | None = None, endpoint: str | None = None) -> None:
         self._project = project
         self._client = client
+        self._endpoint = endpoint
 
     def read(self, query: LogQuery) -> list[LogEntry]:
         limit = max(0, min(query.limit, _MAX_LIMIT))
@@ -83,7 +88,17 @@ class CloudLoggingReader:
         if self._client is None:
             from google.cloud import logging as cloud_logging
 
-            self._client = cloud_logging.Client(project=self._project)
+            if self._endpoint:
+                from google.auth.credentials import AnonymousCredentials
+
+                self._client = cloud_logging.Client(
+                    project=self._project,
+                    credentials=AnonymousCredentials(),
+                    client_options={"api_endpoint": self._endpoint},
+                    _use_grpc=False,
+                )
+            else:
+                self._client = cloud_logging.Client(project=self._project)
         return self._client
 
 
@@ -104,7 +119,13 @@ def _entry(raw: Any) -> LogEntry:
     resource_type = str(getattr(resource, "type", "") or "")
     source = "controller" if resource_type in _CONTROLLER_TYPES else "node" if resource_type in _NODE_TYPES else "other"
     resource_labels = dict(getattr(resource, "labels", None) or {})
-    component = resource_labels.get("service_name") or resource_labels.get("function_name") or resource_type or source
+    component = (
+        resource_labels.get("service_name")
+        or resource_labels.get("function_name")
+        or labels.get("container")
+        or resource_type
+        or source
+    )
     timestamp = getattr(raw, "timestamp", None)
     severity = str(getattr(raw, "severity", None) or "DEFAULT").upper()
     return LogEntry(

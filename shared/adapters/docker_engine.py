@@ -9,7 +9,8 @@ vLLM image, which has neither; httpx speaks HTTP over the mounted ``/var/run/doc
 * ``GET /containers/{name}/logs?stdout=1&stderr=1&tail=N&timestamps=1``: without a TTY the body is Docker's
   multiplexed stream (frames behind an 8-byte header: stream type 0/1/2, three zero bytes, big-endian uint32
   length); with a TTY it is the plain output. The logs endpoint does not reliably set ``Content-Type``, so
-  :class:`LogStreamDecoder` looks at the first header instead.
+  :class:`LogStreamDecoder` looks at the first header instead. ``since=S`` (whole UNIX seconds, as the API
+  documents it) reads forward for the log shipper, which drops the lines of that second before its own time.
 
 The VM twin's container runtime serves the same subset (``localcloud.vm_twin.containers``), so the node agent
 has one code path on a TPU VM and on a laptop. Errors are classified once, here: no such container, no socket,
@@ -29,14 +30,15 @@ from urllib.parse import quote
 import httpx
 
 from shared.domain.errors import PermanentError, TransientError
-from shared.ports import ContainerState
+from shared.ports import ContainerLogLine, ContainerState
 
-__all__ = ["DockerEngineContainer", "LogStreamDecoder", "parse_docker_time"]
+__all__ = ["DockerEngineContainer", "LogStreamDecoder", "parse_docker_time", "split_stamp"]
 
 _HEADER = struct.Struct(">BxxxL")
 _STREAM_TYPES = frozenset({0, 1, 2})
 _CONTAINER_NAME = re.compile(r"^/?[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}$")
 _DOCKER_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:\d{2})$")
+_STAMPED = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 _MAX_TAIL = 10_000
 _START_ALLOWANCE_S = 60.0  # a restart answers once the new process started; give the start this long
 MULTIPLEXED_CONTENT_TYPE = "application/vnd.docker.multiplexed-stream"
@@ -53,6 +55,17 @@ def parse_docker_time(text: str) -> datetime | None:
     micros = (fraction or "0")[:6].ljust(6, "0")
     parsed = datetime.fromisoformat(f"{whole}.{micros}{'+00:00' if zone == 'Z' else zone}")
     return parsed.astimezone(UTC)
+
+
+def split_stamp(line: bytes) -> tuple[int | None, bytes]:
+    """``timestamps=1`` puts an RFC 3339 time with nanoseconds before each line: (nanoseconds since the epoch, text)."""
+    match = _STAMPED.match(line)
+    if match is None:
+        return None, line
+    whole, fraction, zone = match.groups()
+    moment = datetime.fromisoformat(whole.decode() + ("+00:00" if zone == b"Z" else zone.decode()))
+    nanos = int((fraction or b"0").decode().ljust(9, "0"))
+    return int(moment.timestamp()) * 1_000_000_000 + nanos, line[match.end() :]
 
 
 class LogStreamDecoder:
@@ -203,6 +216,27 @@ class DockerEngineContainer:
             out.extend(line.decode("utf-8", "replace") for _, line in decoder.close())
         return out[-lines:]
 
+    def read_since(self, since_ns: int, *, max_lines: int) -> list[ContainerLogLine]:
+        """Lines stamped at or after ``since_ns``, oldest first; stops reading after ``max_lines`` of them.
+
+        The API takes whole seconds, so the lines of ``since_ns``'s second before it are skipped here. A line
+        without a stamp (none should lack one) takes the time of the line before it.
+        """
+        if max_lines < 1:
+            raise ValueError(f"max_lines: {max_lines!r} must be at least 1")
+        params = {"stdout": "1", "stderr": "1", "timestamps": "1", "since": str(max(0, since_ns) // 1_000_000_000)}
+        taken = _Taken(since_ns, max_lines)
+        with self._call("logs"), self._client.stream("GET", f"{self._path}/logs", params=params) as response:
+            if response.status_code != 200:
+                response.read()
+                self._raise_for(response, "logs")
+            decoder = LogStreamDecoder(response.headers.get("content-type", ""))
+            for chunk in response.iter_bytes():
+                if taken.add(decoder.feed(chunk)):
+                    return taken.lines  # closing the response ends the read: the rest stays in the engine
+            taken.add(decoder.close())
+        return taken.lines
+
     # ------------------------------------------------------------------ plumbing
 
     def _json(self, method: str, path: str, action: str) -> dict[str, Any]:
@@ -263,6 +297,25 @@ class DockerEngineContainer:
                     "docker group)"
                 )
         return TransientError(f"docker engine at {self.host}: {type(exc).__name__}: {exc or 'unreachable'}")
+
+
+class _Taken:
+    """The stamped lines kept by :meth:`DockerEngineContainer.read_since`; ``add`` says when enough were kept."""
+
+    def __init__(self, since_ns: int, max_lines: int) -> None:
+        self.since_ns, self.max_lines = since_ns, max_lines
+        self.lines: list[ContainerLogLine] = []
+        self._last = 0
+
+    def add(self, pairs: list[tuple[int, bytes]]) -> bool:
+        for _, raw in pairs:
+            stamp, text = split_stamp(raw)
+            self._last = stamp if stamp is not None else self._last
+            if self._last >= self.since_ns:
+                self.lines.append(ContainerLogLine(self._last, text.decode("utf-8", "replace")))
+            if len(self.lines) >= self.max_lines:
+                return True
+        return False
 
 
 class _EngineCall:

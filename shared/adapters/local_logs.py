@@ -3,9 +3,11 @@
 Layout (the contract with the local cloud runner): one folder, ``{data_dir}/logs``, holding
 ``<component>[-<deployment_id>].jsonl`` or ``.log`` files; the component name has no ``-``.
 A line is either one JSON object as ``shared.logging`` writes it (``severity``, ``message``, ``time``,
-``deployment_id``, ...) or plain text, such as vLLM's ``INFO 12-02 12:00:00 [file.py:12] text`` lines,
-whose severity is read from that prefix. Components whose name starts with ``node``, ``vllm`` or
-``agent`` are the TPU VM ("node"); the rest are the controller.
+``deployment_id``, ...) or plain text, such as vLLM's ``(APIServer pid=1) INFO 12-02 12:00:00 [file.py:12] text``
+lines, whose severity is read as the node agent reads it before shipping (``shared.domain.vllm_logs``: uvicorn
+access lines by status, a traceback's lines inherit), so a severity filter means the same on both backends.
+Components whose name starts with ``node``, ``vllm`` or ``agent`` are the TPU VM ("node"); the rest are the
+controller.
 
 Reads are bounded: only the last ``tail_bytes`` of each file are parsed, so a large log costs the same as a
 small one.
@@ -15,17 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shared.domain.vllm_logs import VllmLogParser
 from shared.ports import LOG_SEVERITIES, LogEntry, LogQuery
 
 __all__ = ["JsonLinesLogReader", "source_of"]
 
 _NODE_PREFIXES = ("node", "vllm", "agent")
-_TEXT_SEVERITY = re.compile(r"^\(?[A-Za-z_]*\)?\s*(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 _RANK = {name: rank for rank, name in enumerate(LOG_SEVERITIES)}
 
 
@@ -55,8 +56,9 @@ class JsonLinesLogReader:
             if query.source != "any" and source != query.source:
                 continue
             file_time = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            text_lines = VllmLogParser()  # one per file: a traceback's lines follow the line that began it
             for line in self._tail_lines(path):
-                entry = _parse(line, component)
+                entry = _parse(line, component, text_lines)
                 if entry is None:
                     continue
                 if _RANK.get(entry.severity, 0) < floor:
@@ -84,10 +86,8 @@ class JsonLinesLogReader:
         return data.decode("utf-8", errors="replace").splitlines()
 
 
-def _parse(line: str, component: str) -> LogEntry | None:
+def _parse(line: str, component: str, text_lines: VllmLogParser) -> LogEntry | None:
     text = line.strip()
-    if not text:
-        return None
     if text.startswith("{"):
         try:
             record = json.loads(text)
@@ -95,11 +95,9 @@ def _parse(line: str, component: str) -> LogEntry | None:
             record = None
         if isinstance(record, dict):
             return _from_record(record, component)
-    match = _TEXT_SEVERITY.match(text)
-    severity = "DEFAULT"
-    if match:
-        word = match.group(1)
-        severity = "WARNING" if word == "WARN" else word
+    severity = text_lines.parse(line).severity  # blank lines too: they may sit inside a traceback
+    if not text:
+        return None
     return LogEntry(time=None, severity=severity, source=component, message=text)
 
 

@@ -13,17 +13,32 @@ __all__ = ["SecretManagerStore"]
 
 
 class SecretManagerStore:
-    """Reads the latest version; ``put`` adds a version (creating the secret if it is absent)."""
+    """Reads the latest version; ``put`` adds a version (creating the secret if it is absent).
 
-    def __init__(self, project: str, client: Any | None = None) -> None:
+    ``endpoint`` points the client elsewhere (the production-path twin's stand-in) over REST, anonymous, as the
+    other adapters with an endpoint do.
+    """
+
+    def __init__(self, project: str, client: Any | None = None, *, endpoint: str | None = None) -> None:
         self._project = project
         self._client = client
+        self._endpoint = endpoint
 
     def _api(self) -> Any:
         if self._client is None:
             from google.cloud import secretmanager
 
-            self._client = secretmanager.SecretManagerServiceClient()
+            if self._endpoint:
+                from google.api_core.client_options import ClientOptions
+                from google.auth.credentials import AnonymousCredentials
+
+                self._client = secretmanager.SecretManagerServiceClient(
+                    transport="rest",
+                    credentials=AnonymousCredentials(),
+                    client_options=ClientOptions(api_endpoint=self._endpoint),
+                )
+            else:
+                self._client = secretmanager.SecretManagerServiceClient()
         return self._client
 
     def get(self, name: str) -> str | None:

@@ -22,7 +22,11 @@ Run it as ``python -m shared.bench.node_agent`` (the startup script does, with t
      "already restarted at ...; nothing done", so a late or duplicated delivery never restarts twice;
    * ``serving.logs`` returns the newest N lines, stripped of terminal escapes and control characters, with
      secrets redacted (registered ones, the API key, token-shaped strings), each cut to 2000 characters, and the
-     oldest dropped until the event fits one message.
+     oldest dropped until the event fits one message;
+
+7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
+   (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
+   (``shared.bench.log_shipper``).
 
 SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
 during the run"), publish that and exit. The API key is read from a file and never logged.
@@ -66,7 +70,7 @@ from shared.messages import (
     encode_message,
     message_attributes,
 )
-from shared.ports import Clock, CommandBus, Delivery, ServingContainer
+from shared.ports import Clock, CommandBus, Delivery, LogSink, ServingContainer
 
 __all__ = [
     "SERVING_CONTAINER_NAME",
@@ -79,6 +83,7 @@ __all__ = [
     "fit_lines",
     "main",
     "node_subscription",
+    "ship_serving_logs",
     "shrink_result",
 ]
 
@@ -116,6 +121,9 @@ class NodeAgentSettings(BaseSettings):
     node_container: str = Field(default=SERVING_CONTAINER_NAME, description="The vLLM container's name.")
     node_restart_timeout_s: float = Field(
         default=30.0, ge=0, le=600, description="Seconds vLLM gets to stop on a restart before SIGKILL."
+    )
+    node_log_flush_s: float = Field(
+        default=5.0, gt=0, le=60, description="Longest a serving-log line waits before it is shipped."
     )
 
 
@@ -573,6 +581,32 @@ def fit_lines(event: NodeTaskCompleted, lines: list[str], budget: int = MAX_MESS
         start += 1
 
 
+def ship_serving_logs(
+    sink: LogSink, agent: NodeAgentSettings, *, api_key: str | None, journal_dir: Path, stop: threading.Event
+) -> None:
+    """The log shipper's thread: the serving container's lines to ``sink`` until ``stop``, over its own engine
+    connection so a long read never holds up a restart or a tail."""
+    from shared.adapters.docker_engine import DockerEngineContainer
+    from shared.bench.log_shipper import LogShipper
+
+    source = DockerEngineContainer(agent.node_docker_host, agent.node_container)
+    shipper = LogShipper(
+        source,
+        sink,
+        container=agent.node_container,
+        state_file=journal_dir / "log-shipper.json",
+        api_key=api_key,
+        batch_wait_s=agent.node_log_flush_s,
+    )
+    try:
+        shipper.run(stop, poll_s=min(2.0, agent.node_log_flush_s))
+    finally:
+        source.close()
+        closer = getattr(sink, "close", None)
+        if callable(closer):
+            closer()
+
+
 def _journal_dir(settings: Settings, agent: NodeAgentSettings) -> Path:
     if agent.node_journal_dir is not None:
         return agent.node_journal_dir
@@ -635,12 +669,23 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    sink = runtime.log_sink(agent_settings.deployment_id, agent_settings.node_container)
+    shipping = threading.Thread(
+        target=ship_serving_logs,
+        args=(sink, agent_settings),
+        kwargs={"api_key": api_key, "journal_dir": journal_dir, "stop": stop},
+        name="log-shipper",
+        daemon=True,
+    )
+    shipping.start()
     try:
         recovered = agent.start()
         log.info("node agent for %s up (recovered %d interrupted run(s))", agent.deployment_id, len(recovered))
         agent.serve(stop, poll_s=agent_settings.node_poll_s)
         agent.publish_pending()
     finally:
+        stop.set()
+        shipping.join(timeout=30)  # one last batch, bounded by the sink's timeout
         container.close()
         lock.release()
     return 0

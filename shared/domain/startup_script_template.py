@@ -208,7 +208,8 @@ download_weights() {
   retry 3 30 docker run --rm --name "${CONTAINER}-download" --net=host \
     -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${DOWNLOAD_SECRETS}:/run/secrets/tpuctl-download:ro" \
     --env "HF_HOME=${CONTAINER_HF_CACHE}" --env HF_TOKEN_PATH=/run/secrets/tpuctl-download/hf-token \
-    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}" \
+    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" \
+    -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}" \
     || fail "cannot download ${MODEL} ${MODEL_REVISION}: check the model id, the revision and the token's access"
   rm -rf "${DOWNLOAD_SECRETS}"
   touch "${STATE_DIR}/${WEIGHTS_MARKER}"

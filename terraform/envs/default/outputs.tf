@@ -10,6 +10,8 @@ output "gateway_environment" {
     TPUCTL_TOPIC_COMMANDS      = module.command_bus.topic_names.commands
     TPUCTL_HF_TOKEN_SECRET     = local.function_environment.TPUCTL_HF_TOKEN_SECRET
     TPUCTL_VLLM_API_KEY_SECRET = local.function_environment.TPUCTL_VLLM_API_KEY_SECRET
+    # A workstation is outside the VPC: live calls go through an IAP tunnel when the firewall admits IAP.
+    TPUCTL_ENDPOINT_ACCESS = var.allow_iap_vllm ? "iap" : "direct"
   }, local.node_agent_environment)
 }
 

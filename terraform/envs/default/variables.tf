@@ -153,9 +153,21 @@ variable "vllm_port" {
 }
 
 variable "vllm_source_ranges" {
-  description = "CIDR ranges allowed to reach the vLLM port, besides the monitor's connector range. Never 0.0.0.0/0."
+  description = "CIDR ranges allowed to reach the vLLM port directly, besides the monitor's connector range (a VPN egress). Never 0.0.0.0/0; IAP has its own rule (allow_iap_vllm)."
   type        = list(string)
-  default     = ["35.235.240.0/20"]
+  default     = []
+}
+
+variable "allow_iap_vllm" {
+  description = "Firewall rule admitting IAP's TCP forwarding range (35.235.240.0/20) to the vLLM port of TPU VMs only: how a workstation reaches vLLM (TPUCTL_ENDPOINT_ACCESS=iap)."
+  type        = bool
+  default     = true
+}
+
+variable "endpoint_tunnel_principals" {
+  description = "Who may open IAP tunnels to the vLLM port from a workstation (user:, group: or serviceAccount: members): roles/iap.tunnelResourceAccessor limited to that port, plus the two reads gcloud and the gateway make first. Empty: no grant."
+  type        = set(string)
+  default     = []
 }
 
 variable "allow_iap_ssh" {

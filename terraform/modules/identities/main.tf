@@ -1,7 +1,8 @@
 # The two identities that are not functions: the TPU VM's service account and the humans (or
 # groups) who run the MCP gateway. Each gets only what its job needs (reliability-security.md §7).
 #
-# TPU VM: writes logs and metrics, publishes results on the events topic, reads the node-agent
+# TPU VM: writes logs (roles/logging.logWriter: the node agent ships the vLLM container's lines to
+# Cloud Logging as the VM) and metrics, publishes results on the events topic, reads the node-agent
 # bundle (and nothing else) from the source bucket, and runs the node agent's own subscription on
 # the node-tasks topic (below). Its secret access is granted per secret by the secrets module.
 #

@@ -43,18 +43,19 @@ variable "vllm_port" {
 }
 
 variable "vllm_source_ranges" {
-  description = "CIDR ranges allowed to reach the vLLM port; never 0.0.0.0/0."
+  description = "CIDR ranges allowed to reach the vLLM port (the monitor's connector range, a VPN); never 0.0.0.0/0. Empty: no such rule."
   type        = list(string)
-
-  validation {
-    condition     = length(var.vllm_source_ranges) > 0
-    error_message = "vllm_source_ranges: give at least one range (for example the IAP range 35.235.240.0/20 and the connector range)."
-  }
 
   validation {
     condition     = alltrue([for r in var.vllm_source_ranges : can(cidrhost(r, 0)) && !contains(["0.0.0.0/0", "::/0"], r)])
     error_message = "vllm_source_ranges: every entry must be a CIDR range and none may be 0.0.0.0/0 or ::/0 (the API key does not protect every vLLM route)."
   }
+}
+
+variable "allow_iap_vllm" {
+  description = "Allow the vLLM port on TPU VMs from Identity-Aware Proxy's TCP forwarding range only (workstation access)."
+  type        = bool
+  default     = true
 }
 
 variable "allow_iap_ssh" {

@@ -1,0 +1,141 @@
+"""The production-path twin end to end: ``TPUCTL_BACKEND=gcp`` everywhere, every Google API on a local endpoint.
+
+The three functions, the gateway and the node agent run the Google Cloud wiring (Firestore, Pub/Sub, Secret
+Manager, Cloud Scheduler, Cloud TPU, Billing Catalog clients) against the Firestore and Pub/Sub emulators, the TPU
+simulator and the local stand-ins; every TPU VM boots from its rendered startup script in a VM twin. One story:
+deploy, SERVING, a query, a benchmark written back by the node agent the script installed from the Cloud Storage
+bundle, vLLM's lines in Cloud Logging with the severities parsed from vLLM's format (read back by
+``tpu_get_logs``), ``serving.restart`` (a new vLLM process), a log tail, delete, zero orphans and no secret
+anywhere.
+
+Skipped with the reason where the emulators (google-cloud-cli), the vLLM CPU tier or namespaces are missing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localcloud.demo import DemoSpec, LocalDemo
+from localcloud.emulators import EMULATORS, find_emulator
+from localcloud.runner import LocalCloud, LocalCloudOptions
+from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from localcloud.vm_twin.vm import unshare_available
+from mcp_client_gateway.core import GatewayCore
+from mcp_client_gateway.models import LogsView
+from mcp_client_gateway.ports import build_ports
+from shared.domain.models import Phase
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
+
+SPEC = DemoSpec(deployment_id="twin-gemma", zones=("us-east5-a",), tiers=("spot",), hedge=1, valid_until_minutes=None)
+STEP_TIMEOUT_S = 240.0
+
+
+@pytest.fixture
+def twin(tmp_path: Path) -> Iterator[tuple[LocalCloud, LocalDemo]]:
+    missing = [found for kind in EMULATORS if isinstance(found := find_emulator(kind), str)]
+    tier = VllmCpuTier(default_cache_dir())
+    reason = "; ".join(missing) or tier.unavailable_reason() or unshare_available()
+    if reason:
+        pytest.skip(f"the production-path twin cannot run here: {reason}")
+    cloud = LocalCloud(
+        LocalCloudOptions(data_dir=tmp_path / "cloud", cache_dir=tier.cache_dir, time_scale=60.0, gcp=True)
+    )
+    transcript: list[str] = []
+    try:
+        cloud.start()
+        demo = LocalDemo(cloud, GatewayCore(build_ports(cloud.settings)), SPEC, emit=transcript.append)
+        yield cloud, demo
+    finally:
+        report = cloud.stop()
+        print("\n".join(transcript))
+    assert report.survivors == ()
+
+
+def demo_endpoint(cloud: LocalCloud) -> str:
+    record = cloud.store.get_deployment(SPEC.deployment_id)
+    assert record is not None and record.status.endpoint
+    return record.status.endpoint
+
+
+def _logs_with(gateway: GatewayCore, text: str, timeout_s: float) -> LogsView:
+    """vLLM's lines as tpu_get_logs reads them from Cloud Logging, once one contains ``text``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = gateway.get_logs(deployment_id=SPEC.deployment_id, source="node", limit=200, minutes=60)
+        if any(text in line.message for line in logs.entries) or time.monotonic() > deadline:
+            return logs
+        time.sleep(1)
+
+
+def _poll(read: object, timeout_s: float) -> object:
+    assert callable(read)
+    deadline = time.monotonic() + timeout_s
+    answer = read()
+    while not getattr(answer, "done", True) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        answer = read()
+    return answer
+
+
+@pytest.mark.timeout(600)
+def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiring(
+    twin: tuple[LocalCloud, LocalDemo],
+) -> None:
+    cloud, demo = twin
+    env = cloud.client_env()
+    assert env["TPUCTL_BACKEND"] == "gcp" and "TPUCTL_EMULATORS" not in env
+    assert {"FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "TPUCTL_SECRETMANAGER_ENDPOINT"} <= set(env)
+    assert type(cloud.store).__name__ == "FirestoreStateStore" and type(cloud.bus).__name__ == "PubSubBus"
+
+    demo.save_canary_token()  # through the gateway's Secret Manager client, into the stand-in
+    project = cloud.scenario.project
+    assert ("POST", f"/v1/projects/{project}/secrets/tpuctl-hf-token:addVersion") in cloud.controller_apis.calls
+    demo.deploy()
+    demo.wait_until_serving(STEP_TIMEOUT_S)
+    assert demo.ask(max_tokens=8).completion_tokens
+
+    assert cloud.fleet is not None
+    vm = cloud.fleet.vms()[0]
+    node = cloud.world.node(vm.zone, vm.node_id)
+    assert node is not None
+    assert vm.script_path.read_bytes() == node["metadata"]["startup-script"].encode(), "the VM ran its metadata"
+    bundle = str(cloud.settings.node_agent_bundle)
+    bucket, _, name = bundle.removeprefix("gs://").partition("/")
+    assert ("GET", f"/storage/v1/b/{bucket}/o/{name.replace('/', '%2F')}") in cloud.google_apis.calls
+    installed = vm.node_dir / "disk" / "var-lib" / "tpuctl" / "node-agent" / "lib" / "shared" / "bench"
+    assert (installed / "node_agent.py").is_file(), "the agent runs from the bundle the script installed"
+
+    run = demo.run_benchmark(STEP_TIMEOUT_S)
+    assert run.status == "completed"
+
+    gateway = demo.gateway
+    assert isinstance(gateway, GatewayCore)
+    before = vm.view().vllm_pid
+    gateway.restart_serving(SPEC.deployment_id, confirm=SPEC.deployment_id, reason="twin e2e")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and vm.view().vllm_pid in (None, before):
+        time.sleep(0.5)
+    assert vm.view().vllm_pid not in (None, before), "serving.restart started a new vLLM process"
+    demo.wait_for_phase([Phase.SERVING], STEP_TIMEOUT_S, label="serving again after the restart")
+
+    refused = httpx.get(f"{demo_endpoint(cloud)}/v1/models", timeout=10)
+    assert refused.status_code == 401, "vLLM requires the API key"
+    logs = _logs_with(gateway, "401", 90)
+    assert logs.counts.get("INFO", 0) > 0, "vLLM's own INFO lines reached Cloud Logging"
+    assert any("401" in line.message and line.severity == "WARNING" for line in logs.entries), logs.counts
+
+    tail = gateway.tail_serving_logs(SPEC.deployment_id, lines=30)
+    tail = _poll(lambda: gateway.tail_serving_logs(SPEC.deployment_id, task_id=tail.task_id), 60)  # type: ignore[assignment]
+    assert tail.status == "completed" and tail.lines, tail
+
+    demo.teardown(STEP_TIMEOUT_S)
+    assert demo.resources_left() == 0
+    report, applied = demo.check()
+    assert report.orphans == [] and report.secret_leaks == [], report.lines()
+    assert applied and all(count == 1 for count in applied.values()), applied
