@@ -63,6 +63,13 @@ def demo_endpoint(cloud: LocalCloud) -> str:
     return record.status.endpoint
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _logs_with(gateway: GatewayCore, text: str, timeout_s: float) -> LogsView:
     """vLLM's lines as tpu_get_logs reads them from Cloud Logging, once one contains ``text``."""
     deadline = time.monotonic() + timeout_s
@@ -122,6 +129,10 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     while time.monotonic() < deadline and vm.view().vllm_pid in (None, before):
         time.sleep(0.5)
     assert vm.view().vllm_pid not in (None, before), "serving.restart started a new vLLM process"
+    # The phase may still read SERVING from before the restart: wait for the new server itself to answer.
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while time.monotonic() < deadline and not _answers(f"{demo_endpoint(cloud)}/health"):
+        time.sleep(1)
     demo.wait_for_phase([Phase.SERVING], STEP_TIMEOUT_S, label="serving again after the restart")
 
     refused = httpx.get(f"{demo_endpoint(cloud)}/v1/models", timeout=10)
