@@ -2,8 +2,11 @@
 
 Why: the startup script runs vLLM and the node agent with ``docker``; the agent restarts and tails vLLM through
 ``/var/run/docker.sock``. Inside the VM twin this runtime serves that socket, so the same script and the same
-agent adapter (``shared.adapters.docker_engine``) run unchanged. A container is a process group inside the VM
-(its network is the VM's: every container here is ``--net=host``). Calls served (paths with or without ``/v1.NN``):
+agent adapter (``shared.adapters.docker_engine``) run unchanged. A container is a process group inside the VM;
+with ``--net=host`` its network is the VM's, with ``--net=none`` a network namespace of its own with loopback only
+(nothing of the VM's network, its metadata server included, is reachable; a unix socket in a bound folder is the
+only way in). ``--device`` paths must exist on the VM, as the engine checks; ``Privileged``, ``NetworkMode`` and
+``Devices`` show in ``inspect``. Calls served (paths with or without ``/v1.NN``):
 
 * ``POST /images/create?fromImage=&tag=`` (pull): known image references only (:class:`ImageStore`);
 * ``POST /containers/create?name=`` (409 on a taken name), ``POST /containers/{id}/start``,
@@ -114,6 +117,8 @@ class ContainerSpec:
     restart_policy: str = "no"
     auto_remove: bool = False
     network_mode: str = "host"
+    privileged: bool = False
+    devices: tuple[str, ...] = ()  # PathOnHost of each device: checked to exist; the container process sees /dev
 
     @classmethod
     def from_create(cls, name: str, body: Mapping[str, Any]) -> ContainerSpec:
@@ -129,6 +134,8 @@ class ContainerSpec:
             restart_policy=str((host.get("RestartPolicy") or {}).get("Name") or "no"),
             auto_remove=bool(host.get("AutoRemove")),
             network_mode=str(host.get("NetworkMode") or "host"),
+            privileged=bool(host.get("Privileged")),
+            devices=tuple(str(device.get("PathOnHost") or "") for device in host.get("Devices") or ()),
         )
 
 
@@ -181,7 +188,13 @@ class Container:
                 "FinishedAt": docker_time(self.finished_at) if self.finished_at else "0001-01-01T00:00:00Z",
             },
             "Config": {"Tty": False, "Image": self.spec.image, "Labels": dict(self.spec.labels)},
-            "HostConfig": {"RestartPolicy": {"Name": self.spec.restart_policy}, "AutoRemove": self.spec.auto_remove},
+            "HostConfig": {
+                "RestartPolicy": {"Name": self.spec.restart_policy},
+                "AutoRemove": self.spec.auto_remove,
+                "NetworkMode": self.spec.network_mode,
+                "Privileged": self.spec.privileged,
+                "Devices": [{"PathOnHost": path, "PathInContainer": path} for path in self.spec.devices],
+            },
         }
 
 
@@ -204,6 +217,13 @@ class ContainerRuntime:
     def create(self, spec: ContainerSpec) -> Container:
         if not self._images.has(spec.image):
             raise ContainerError(404, f"No such image: {spec.image}")
+        if spec.network_mode not in ("host", "none"):
+            raise ContainerError(400, f"network {spec.network_mode}: the VM twin has host and none only")
+        for device in spec.devices:
+            if not os.path.exists(device):
+                raise ContainerError(
+                    500, f'error gathering device information while adding custom device "{device}": no such file'
+                )
         with self._lock:
             if spec.name in self._containers:
                 raise ContainerError(409, f'Conflict. The container name "/{spec.name}" is already in use')

@@ -37,6 +37,8 @@ _VALUE_FLAGS = {
     "--env": "env",
     "--entrypoint": "entrypoint",
     "--device": "device",
+    "--ulimit": "ulimit",
+    "--cap-drop": "cap_drop",
 }
 _BOOL_FLAGS = {"-d": "detach", "--detach": "detach", "--rm": "rm", "--privileged": "privileged", "-q": "quiet"}
 _TEMPLATE = re.compile(r"\{\{\s*(.*?)\s*\}\}")
@@ -99,7 +101,7 @@ def _checked(method: str, path: str, body: Any = None) -> bytes:
 
 def parse_run(args: Sequence[str]) -> tuple[dict[str, Any], str, list[str]]:
     """``docker run`` flags, the image, and the command after it."""
-    options: dict[str, Any] = {"label": [], "volume": [], "env": [], "device": []}
+    options: dict[str, Any] = {"label": [], "volume": [], "env": [], "device": [], "ulimit": [], "cap_drop": []}
     index = 0
     while index < len(args):
         word = args[index]
@@ -141,6 +143,9 @@ def _run(args: Sequence[str]) -> int:
             "Binds": options["volume"],
             "NetworkMode": network,
             "Privileged": bool(options.get("privileged")),
+            "Devices": [_device(device) for device in options["device"]],
+            "Ulimits": [_ulimit(limit) for limit in options["ulimit"]],
+            "CapDrop": options["cap_drop"],
             # An attached --rm run is removed by this command once its output is shown (as the CLI's attach
             # streams it before the engine removes the container); a detached one by the engine.
             "AutoRemove": bool(options.get("rm")) and bool(options.get("detach")),
@@ -160,6 +165,26 @@ def _run(args: Sequence[str]) -> int:
     if options.get("rm"):
         _call("DELETE", f"/containers/{ident}?force=1")
     return int(status)
+
+
+def _device(flag: str) -> dict[str, str]:
+    """``--device HOST[:CONTAINER[:PERMISSIONS]]`` as the Engine API's ``HostConfig.Devices`` entry."""
+    parts = flag.split(":")
+    return {
+        "PathOnHost": parts[0],
+        "PathInContainer": parts[1] if len(parts) > 1 and parts[1] else parts[0],
+        "CgroupPermissions": parts[2] if len(parts) > 2 else "rwm",
+    }
+
+
+def _ulimit(flag: str) -> dict[str, Any]:
+    """``--ulimit NAME=SOFT[:HARD]`` as a ``HostConfig.Ulimits`` entry."""
+    name, _, values = flag.partition("=")
+    soft, _, hard = values.partition(":")
+    try:
+        return {"Name": name, "Soft": int(soft), "Hard": int(hard or soft)}
+    except ValueError:
+        raise DockerError(f'invalid argument {flag!r} for "--ulimit" flag') from None
 
 
 def _print_logs(name: str, tail: str) -> None:

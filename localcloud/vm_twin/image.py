@@ -30,6 +30,8 @@ __all__ = ["VllmCpuImage", "seed_hf_cache"]
 
 _IMAGE_VLLM = Path(__file__).with_name("image_vllm.py")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Run in the container's fresh network namespace: "$0" is ip(8), "$@" the container's command (exec keeps its pid).
+_LOOPBACK_UP = '"$0" link set lo up && exec "$@"'
 
 
 class VllmCpuImage:
@@ -82,8 +84,9 @@ class VllmCpuImage:
         if not words:
             raise ValueError(f"container {spec.name}: no command (the image has no default command)")
         words[0] = self._resolve(words[0], env["PATH"])
-        if spec.network_mode == "none":  # no network at all: a network namespace of its own with nothing in it
-            words = [self._resolve("unshare", _SYSTEM_PATH), "--net", "--", *words]
+        if spec.network_mode == "none":  # a network namespace of its own with loopback only, as Docker's "none"
+            ip = self._resolve("ip", _SYSTEM_PATH)
+            words = [self._resolve("unshare", _SYSTEM_PATH), "--net", "--", "/bin/sh", "-c", _LOOPBACK_UP, ip, *words]
         return Launch(argv=tuple(words), env=env, log_path=self._log_path(spec))
 
     def _resolve(self, program: str, path: str) -> str:

@@ -348,8 +348,11 @@ class VmFleet:
 
     def _attributes(self, event: NodeEvent) -> Callable[[], Mapping[str, str]]:
         def read() -> Mapping[str, str]:
-            body = self._world.node(event.zone, event.node_id)
-            return dict((body or {}).get("metadata") or event.metadata)
+            body = self._world.node(event.zone, event.node_id) or {}
+            # The TPU service's own attributes of a TPU VM (the startup script hands them to the serving container,
+            # which cannot reach this server), then the node's metadata.
+            tpu = {"accelerator-type": str(body.get("acceleratorType") or ""), "agent-worker-number": "0"}
+            return {**{key: value for key, value in tpu.items() if value}, **(body.get("metadata") or event.metadata)}
 
         return read
 

@@ -155,6 +155,7 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "API_KEY_SECRET": _quote("api_key_secret", inputs.api_key_secret),
         "CONTAINER": _quote("container_name", inputs.container_name),
         "HEALTH_URL": _quote("health_url", _health_url(launch)),
+        "SERVING_LISTEN": _quote("serving_listen", f"{launch.host}:{launch.port}"),
         "READY_TIMEOUT_S": _quote("ready_timeout_s", str(launch.ready_timeout_s)),
         "WEIGHTS_MARKER": _quote("weights_marker", marker),
         "NODE_AGENT_BUNDLE": _quote("node_agent_bundle", inputs.node_agent_bundle),

@@ -22,6 +22,7 @@ HF_TOKEN_SECRET=@@HF_TOKEN_SECRET@@
 API_KEY_SECRET=@@API_KEY_SECRET@@
 CONTAINER=@@CONTAINER@@
 HEALTH_URL=@@HEALTH_URL@@
+SERVING_LISTEN=@@SERVING_LISTEN@@
 READY_TIMEOUT_S=@@READY_TIMEOUT_S@@
 WEIGHTS_MARKER=@@WEIGHTS_MARKER@@
 NODE_AGENT_BUNDLE=@@NODE_AGENT_BUNDLE@@
@@ -43,7 +44,7 @@ NODE_AGENT_ENV=(
 )
 # ---- end of values ----
 readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
-readonly READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256 CONTAINER_HF_CACHE
+readonly SERVING_LISTEN READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256 CONTAINER_HF_CACHE
 readonly CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
 
 # Google endpoints: production unless this script's own environment names another with the standard variables
@@ -66,6 +67,17 @@ readonly GUEST_ATTRIBUTES="${METADATA_BASE}/instance/guest-attributes/tpuctl"
 readonly AGENT_CONTAINER=tpuctl-node-agent
 readonly AGENT_DISTRIBUTION=tpuctl-node-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
+# vLLM listens on a unix socket only, in a container with no network; the serving proxy (from the node-agent
+# bundle) is the only listener on the serving port and the only client of that socket (a root-only directory).
+readonly SOCKET_DIR="${SECRETS_DIR}/vllm-socket"
+readonly CONTAINER_SOCKET_DIR=/run/tpuctl-vllm
+readonly CONTAINER_SOCKET="${CONTAINER_SOCKET_DIR}/vllm.sock"
+readonly PROXY_CONTAINER=tpuctl-serving-proxy
+readonly PROXY_MODULE=shared.bench.serving_proxy
+# vLLM binds its socket without removing a stale one: a restarted container (restart policy, serving.restart)
+# removes the last one first. "$0" is the socket path; the rest is the key wrapper and the vLLM argv.
+# shellcheck disable=SC2016  # "$0" and "$@" are for the container's /bin/sh, not for this shell
+readonly SOCKET_WRAPPER='rm -f -- "$0" && exec "$@"'
 # Runs inside the download container; the model id and revision arrive as argv words, never as code.
 readonly DOWNLOAD_PY='import sys
 from huggingface_hub import snapshot_download
@@ -216,24 +228,104 @@ download_weights() {
   progress weights downloaded
 }
 
-# The serving container runs offline, restarts on failure, and is replaced only when the plan changed.
+# TPU chips reach vLLM's container as device nodes, not through --privileged: the vfio groups (/dev/vfio/N and the
+# container device /dev/vfio/vfio) where the chips are bound to vfio-pci (v5e, v6e, v5p), /dev/accel* where they use
+# the accel driver. The container has no network, so the TPU runtime's own metadata-server reads (accelerator type,
+# worker id, topology) are answered by TPU_* variables read here from the same non-secret instance attributes, with
+# TPU_SKIP_MDS_QUERY, as GKE answers them for TPU containers.
+tpu_flags() {
+  local device line
+  TPU_FLAGS=()
+  TPU_DEVICES=0
+  for device in /dev/vfio/* /dev/accel*; do
+    if [[ -c "${device}" ]]; then
+      TPU_FLAGS+=(--device "${device}:${device}")
+      TPU_DEVICES=$((TPU_DEVICES + 1))
+    fi
+  done
+  while IFS= read -r -d '' line; do
+    TPU_FLAGS+=(--env "${line}")
+  done < <(tpu_metadata_env)
+}
+
+# tpu_metadata_env: NAME=value words, NUL-terminated, from the instance attributes a TPU VM has (none elsewhere).
+tpu_metadata_env() {
+  python3 - "${METADATA_BASE}" <<'PY' || true
+import re, sys, urllib.request
+
+base = sys.argv[1] + "/instance/attributes/"
+
+
+def attribute(name):
+    request = urllib.request.Request(base + name, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+accelerator = attribute("accelerator-type")
+if accelerator:
+    env = {
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_ACCELERATOR_TYPE": accelerator,
+        "TPU_WORKER_ID": attribute("agent-worker-number") or "0",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "TPU_NAME": attribute("instance-id"),
+    }
+    found = dict(line.partition(":")[::2] for line in attribute("tpu-env").splitlines())
+    found = {key.strip(): value.strip().strip("'\"") for key, value in found.items()}
+    for source in ("HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS", "TOPOLOGY"):
+        env["TPU_" + source] = found.get(source, "")
+    for name, value in env.items():
+        if re.fullmatch(r"[A-Za-z0-9,._:-]{1,128}", value):
+            sys.stdout.write(name + "=" + value + "\0")
+PY
+}
+
+vllm_healthy() {
+  curl -sf -m 5 -o /dev/null --unix-socket "${SOCKET_DIR}/vllm.sock" http://localhost/health
+}
+
+# The serving container runs offline with no network at all (no metadata server, so no token for the VM's
+# secrets; no route anywhere): vLLM serves on a unix socket (--uds; its --host and --port are then unused), its
+# access log names each caller as the proxy reports it (FORWARDED_ALLOW_IPS: the socket's only peer is the proxy).
+# It restarts on failure and is replaced only when the plan changed.
 start_vllm() {
   local running_plan
   running_plan="$(docker inspect --format '{{ index .Config.Labels "tpuctl.plan-hash" }}' "${CONTAINER}" \
     2>/dev/null || true)"
-  if [[ "${running_plan}" == "${PLAN_HASH}" ]] && curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
+  if [[ "${running_plan}" == "${PLAN_HASH}" ]] && vllm_healthy; then
     progress starting "container already serving this plan"
     return 0
   fi
   docker rm -f "${CONTAINER}" >/dev/null 2>&1 || true
-  progress starting container
+  install -d -m 0700 "${SOCKET_DIR}"
+  tpu_flags
+  progress starting "container (${TPU_DEVICES} TPU device nodes)"
   docker run -d --name "${CONTAINER}" \
     --label "tpuctl.deployment=${DEPLOYMENT_ID}" --label "tpuctl.plan-hash=${PLAN_HASH}" \
-    --restart unless-stopped --privileged --net=host --shm-size 16g \
+    --restart unless-stopped --net=none --shm-size 16g --ulimit memlock=-1:-1 "${TPU_FLAGS[@]}" \
     -v /dev/shm:/dev/shm -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${VLLM_CACHE}:${CONTAINER_VLLM_CACHE}" \
-    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" \
-    "${CONTAINER_ENV[@]}" --entrypoint /bin/sh "${IMAGE}" -c "${KEY_WRAPPER}" "${KEY_WRAPPER_NAME}" "${VLLM_ARGV[@]}" \
-    >/dev/null
+    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${SOCKET_DIR}:${CONTAINER_SOCKET_DIR}" \
+    --env VLLM_HOST_IP=127.0.0.1 --env 'FORWARDED_ALLOW_IPS=*' "${CONTAINER_ENV[@]}" \
+    --entrypoint /bin/sh "${IMAGE}" -c "${SOCKET_WRAPPER}" "${CONTAINER_SOCKET}" \
+    /bin/sh -c "${KEY_WRAPPER}" "${KEY_WRAPPER_NAME}" "${VLLM_ARGV[@]}" --uds "${CONTAINER_SOCKET}" >/dev/null
+}
+
+# The serving proxy (python -m shared.bench.serving_proxy, from the node-agent bundle) is the serving port: it
+# forwards an allow-list of methods and paths to vLLM's socket, checks the API key (read from the same mounted file
+# as vLLM's) on all but /health, /metrics and /version, bounds request bodies and streams answers back.
+start_serving_proxy() {
+  docker rm -f "${PROXY_CONTAINER}" >/dev/null 2>&1 || true
+  docker run -d --name "${PROXY_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
+    --restart unless-stopped --net=host --cap-drop ALL -v "${AGENT_DIR}:/opt/tpuctl:ro" \
+    -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${SOCKET_DIR}:${CONTAINER_SOCKET_DIR}" \
+    --env PYTHONPATH=/opt/tpuctl/lib --entrypoint python3 "${IMAGE}" -m "${PROXY_MODULE}" \
+    --listen "${SERVING_LISTEN}" --upstream-socket "${CONTAINER_SOCKET}" \
+    --key-file "${CONTAINER_KEY_DIR}/vllm-api-key" >/dev/null
+  progress starting "serving proxy on ${SERVING_LISTEN}"
 }
 
 # The node-agent bundle (scripts/package_node_agent.py: our wheel and its dependencies' wheels) is fetched from
@@ -312,8 +404,11 @@ wait_until_serving() {
 
 main() {
   install -d -m 0755 "${STATE_DIR}" "${HF_CACHE}" "${VLLM_CACHE}" "${AGENT_DIR}"
-  install -d -m 0700 "${SECRETS_DIR}" "${SERVING_SECRETS}"
+  install -d -m 0700 "${SECRETS_DIR}" "${SERVING_SECRETS}" "${SOCKET_DIR}"
   progress booting "plan ${PLAN_HASH}"
+  if [[ -z "${NODE_AGENT_BUNDLE}" ]]; then
+    fail "no node-agent bundle: it carries the serving proxy, the only way to vLLM (make package, terraform apply)"
+  fi
   ensure_docker
   progress secrets "reading the vLLM API key"
   retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key" \
@@ -323,6 +418,7 @@ main() {
   install_node_agent
   download_weights
   start_vllm
+  start_serving_proxy
   start_node_agent
   wait_until_serving
 }

@@ -43,12 +43,14 @@ variable "vllm_port" {
 }
 
 variable "vllm_source_ranges" {
-  description = "CIDR ranges allowed to reach the vLLM port (the monitor's connector range, a VPN); never 0.0.0.0/0. Empty: no such rule."
+  description = "CIDR ranges allowed to reach the vLLM port (the monitor's connector range, a VPN); none wider than /8 (IPv4) or /32 (IPv6). Empty: no such rule."
   type        = list(string)
 
   validation {
-    condition     = alltrue([for r in var.vllm_source_ranges : can(cidrhost(r, 0)) && !contains(["0.0.0.0/0", "::/0"], r)])
-    error_message = "vllm_source_ranges: every entry must be a CIDR range and none may be 0.0.0.0/0 or ::/0 (the API key does not protect every vLLM route)."
+    # By prefix, not by string: 0.0.0.0/1 plus 128.0.0.0/1 is the whole Internet too. No range wider than a /8
+    # (IPv4) or a /32 (IPv6) passes, so no list of them covers more than a few allocations.
+    condition     = alltrue([for r in var.vllm_source_ranges : can(cidrhost(r, 0)) && try(tonumber(split("/", r)[1]) >= (strcontains(r, ":") ? 32 : 8), false)])
+    error_message = "vllm_source_ranges: every entry must be a CIDR range no wider than /8 (IPv4) or /32 (IPv6); 0.0.0.0/0, 0.0.0.0/1 and the like are refused (reach vLLM through IAP or a VPN range instead)."
   }
 }
 
