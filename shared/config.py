@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         description="Cloud Logging REST endpoint for the gateway's reads and the node agent's writes "
         "(default: Google's).",
     )
+    pubsub_iam_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Pub/Sub IAM REST endpoint for the grant on each node channel (default: Google's). The "
+        "subscriptions themselves go through the Pub/Sub client (PUBSUB_EMULATOR_HOST in the twin).",
+    )
     topic_commands: str = "tpuctl-commands"
     topic_ticks: str = "tpuctl-ticks"
     topic_events: str = "tpuctl-events"
@@ -79,10 +85,17 @@ class Settings(BaseSettings):
     )
     hf_token_secret: str = Field(default="tpuctl-hf-token", description="Secret name of the Hugging Face token.")
     vllm_api_key_secret: str = Field(default="tpuctl-vllm-api-key", description="Secret name of the vLLM API key.")
+    event_key_secret: str = Field(
+        default="tpuctl-event-key",
+        description="Secret name of the controller key that node event keys derive from (read by the functions "
+        "only; the provisioner creates it on first use).",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # Where TPU VMs are attached (Terraform outputs tpu_vm_service_account and node_network).
     node_service_account: str | None = Field(
-        default=None, description="Service account email every TPU VM runs as (default: the project's default)."
+        default=None,
+        description="Service account email every TPU VM runs as (default: the project's default); it is granted "
+        "roles/pubsub.subscriber on its deployment's node channel only.",
     )
     node_network: str | None = Field(default=None, description="VPC name or path for TPU VMs (default: 'default').")
     node_subnetwork: str | None = Field(default=None, description="Subnetwork name or path for TPU VMs.")

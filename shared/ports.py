@@ -13,7 +13,7 @@ from typing import Literal, Protocol, get_args, runtime_checkable
 
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.errors import CloudError, ErrorClass, PermanentError
 from shared.domain.health import ProbeResult
 from shared.domain.models import (
     Backend,
@@ -29,6 +29,7 @@ from shared.domain.models import (
 from shared.domain.quota import TPU_QUOTA_SERVICE, QuotaLimit
 
 __all__ = [
+    "NODE_CHANNEL_PREFIX",
     "Clock",
     "CommandBus",
     "ContainerLogLine",
@@ -44,10 +45,12 @@ __all__ = [
     "LogQuery",
     "LogReader",
     "LogSink",
+    "MissingSubscription",
     "ModelChat",
     "ModelChatRequest",
     "ModelClient",
     "ModelEndpointCheck",
+    "NodeChannels",
     "NodeLogLine",
     "QuotaApi",
     "SchedulerApi",
@@ -56,7 +59,10 @@ __all__ = [
     "ServingContainer",
     "ServingProbe",
     "StateStore",
+    "SubscriptionIam",
     "TpuApi",
+    "node_channel",
+    "node_channel_filter",
 ]
 
 
@@ -206,6 +212,50 @@ class CommandBus(Protocol):
 
     def pull(self, subscription: str, handler: Handler, *, max_messages: int = 10, timeout_s: float = 1.0) -> int:
         """Deliver up to ``max_messages`` to ``handler``: ack on return, nack on raise. Returns how many were acked."""
+        ...
+
+
+class MissingSubscription(PermanentError):
+    """A pull named a subscription that does not exist (yet): the bus raises it instead of a bare PermanentError."""
+
+
+NODE_CHANNEL_PREFIX = "tpuctl-node-"
+"""Every node channel's subscription name starts with this (Terraform's docs and the teardown checks use it)."""
+
+
+def node_channel(deployment_id: str) -> str:
+    """A deployment's node channel: its own subscription on the node-tasks topic, ``tpuctl-node-<deployment>``."""
+    return f"{NODE_CHANNEL_PREFIX}{deployment_id}"
+
+
+def node_channel_filter(deployment_id: str) -> str:
+    """The channel's subscription filter: only the messages addressed to that deployment."""
+    return f'attributes.deployment_id = "{deployment_id}"'
+
+
+class NodeChannels(Protocol):
+    """Each deployment's way to its TPU VMs' node agents: a subscription on the node-tasks topic that only the
+    VMs' service account may read (``roles/pubsub.subscriber`` on that one subscription).
+
+    The controller opens a deployment's channel before it creates a node and closes it once the deployment is
+    gone; the node agent only pulls from it. Both calls are idempotent. Errors are classified ``CloudError``s.
+    """
+
+    def open(self, deployment_id: str) -> str:
+        """Create the subscription if absent (topic and filter checked if present), grant the VMs' account
+        subscriber on it; returns the subscription's short name."""
+        ...
+
+    def close(self, deployment_id: str) -> bool:
+        """Delete the subscription; returns whether it existed (a missing one is not an error)."""
+        ...
+
+
+class SubscriptionIam(Protocol):
+    """The allow policy of one Pub/Sub subscription (read-modify-write with its etag)."""
+
+    def grant(self, subscription: str, role: str, member: str) -> bool:
+        """Add ``member`` to ``role`` on ``subscription``; returns False when it already held it. ``CloudError``s."""
         ...
 
 

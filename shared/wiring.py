@@ -13,10 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings, get_settings
-from shared.ports import Clock, CommandBus, LogSink, SchedulerApi, SecretStore, StateStore, TpuApi
+from shared.ports import (
+    Clock,
+    CommandBus,
+    LogSink,
+    NodeChannels,
+    SchedulerApi,
+    SecretStore,
+    StateStore,
+    TpuApi,
+)
 
 if TYPE_CHECKING:
     from shared.domain.serving_plan import ServingEnvironment
+    from shared.services.event_seals import EventSeals
 
 __all__ = ["LOCAL_PROJECT", "Runtime", "runtime", "serving_environment"]
 
@@ -91,6 +101,31 @@ class Runtime:
         return LocalBus(self._data / "bus.sqlite", clock=self.clock)
 
     @cached_property
+    def node_channels(self) -> NodeChannels:
+        """Each deployment's subscription on the node-tasks topic, made by the controller. On Pub/Sub the TPU VMs'
+        account (``node_service_account``) is granted subscriber on it through Pub/Sub's IAM endpoint
+        (``pubsub_iam_endpoint``); with no account configured the VMs run as the project's default account and
+        nothing is granted. The embedded bus has no identities."""
+        topic = self.topic("node-tasks")
+        if self.settings.backend == "gcp" or self.settings.emulators:
+            from shared.adapters.node_channels import PubSubNodeChannels
+            from shared.adapters.pubsub_iam import PubSubSubscriptionIam
+
+            account = self.settings.node_service_account
+            return PubSubNodeChannels(
+                self.project,
+                topic,
+                iam=PubSubSubscriptionIam(self.project, endpoint=self.settings.pubsub_iam_endpoint),
+                readers=(f"serviceAccount:{account}",) if account else (),
+            )
+        from shared.adapters.local_bus import LocalBus
+        from shared.adapters.node_channels import LocalBusNodeChannels
+
+        bus = self.bus
+        assert isinstance(bus, LocalBus)
+        return LocalBusNodeChannels(bus, topic)
+
+    @cached_property
     def secrets(self) -> SecretStore:
         if self.settings.backend == "gcp":
             from shared.adapters.secret_manager import SecretManagerStore
@@ -99,6 +134,13 @@ class Runtime:
         from shared.adapters.file_secrets import FileSecretStore
 
         return FileSecretStore(self._data / "secrets")
+
+    @cached_property
+    def event_seals(self) -> EventSeals:
+        """Node event keys and seal checks (shared/domain/node_seal.py)."""
+        from shared.services.event_seals import EventSeals
+
+        return EventSeals(self.secrets, self.settings.event_key_secret)
 
     @cached_property
     def tpu(self) -> TpuApi:
@@ -156,7 +198,15 @@ class Runtime:
             settings=settings,
             startup_script=self.startup_script,
             price=self.prices,
+            channels=self.node_channels,
+            node_metadata=self.node_metadata,
         )
+
+    def node_metadata(self, deployment_id: str) -> dict[str, str]:
+        """Instance metadata every node of a deployment gets beside its startup script: its event key."""
+        from shared.domain.node_seal import EVENT_KEY_METADATA
+
+        return {EVENT_KEY_METADATA: self.event_seals.event_key(deployment_id, create=True)}
 
     def startup_script(self, spec: Any) -> str:
         """The TPU VM startup script for a spec, in the one serving environment (``serving_environment``)."""
@@ -222,6 +272,9 @@ class Runtime:
             closer = getattr(port, "close", None)
             if callable(closer):
                 closer()
+        channels_closer = getattr(self.__dict__.get("node_channels"), "close_client", None)  # close() is the port's
+        if callable(channels_closer):
+            channels_closer()
 
     def topic(self, logical: str) -> str:
         """Map a logical topic (commands, ticks, events, node-tasks) to its configured name."""

@@ -1,36 +1,43 @@
 """Cloud Function ``benchmark``: the commands and events that concern a deployment's node.
 
-Benchmark requests and schedules, node tasks (``serving.restart``, ``serving.logs``) and the node agent's
-answers, results and boot reports. Return acks, raise retries (shared/entry.py); configuration comes from
-``TPUCTL_*`` variables.
+Benchmark requests and schedules and node tasks (``serving.restart``, ``serving.logs``) from the commands
+topic; the node agent's answers, results and boot reports from the events topic, where a TPU VM may report
+about itself (its events sealed with its own deployment's key, shared/domain/node_seal.py) but never command
+(shared/messages/routing.py). Return acks, raise retries (shared/entry.py);
+configuration comes from ``TPUCTL_*`` variables.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import flask
 import functions_framework
 
-from shared.entry import handle_payload, payload_from_cloud_event
 from shared.logging import configure_logging
-from shared.wiring import runtime
+from shared.messages import NODE_TASK_KINDS
+from shared.triggers import FunctionEntry
+from shared.wiring import Runtime, runtime
 
-KINDS = frozenset({"benchmark.run", "benchmark.schedule", "benchmark.completed", "node.booted",
-                   "serving.restart", "serving.logs", "node.task_completed"})  # fmt: skip
-NODE_TASK_MESSAGES = frozenset({"serving.restart", "serving.logs", "node.task_completed"})
+NODE_TASK_MESSAGES = frozenset({*NODE_TASK_KINDS, "node.task_completed"})
+
+
+def _handler(rt: Runtime) -> Any:
+    return lambda message: str(
+        (rt.node_tasks if message.kind in NODE_TASK_MESSAGES else rt.benchmarker).handle(message)
+    )
+
+
+ENTRY = FunctionEntry("benchmark", _handler, authenticate=lambda rt: rt.event_seals.check)
 configure_logging(runtime().settings.log_level)
-
-
-def _handle(message: Any) -> str:
-    rt = runtime()
-    service = rt.node_tasks if message.kind in NODE_TASK_MESSAGES else rt.benchmarker
-    return str(service.handle(message))
 
 
 @functions_framework.cloud_event
 def benchmark(cloud_event: Any) -> None:
-    rt = runtime()
-    handle_payload(
-        payload_from_cloud_event(cloud_event), _handle, store=rt.store, clock=rt.clock,
-        max_age_s=rt.settings.max_event_age_s, claim_s=rt.settings.command_claim_s, accept=KINDS,
-    )  # fmt: skip
+    ENTRY.cloud_event(cloud_event)
+
+
+@functions_framework.errorhandler(400)
+def unreadable_push(error: Exception) -> Any:
+    """A push functions-framework cannot convert (an attribute-only message) is recorded and acked."""
+    return ("", 204) if ENTRY.unreadable_push(flask.request.get_data(), flask.request.path) else error

@@ -1,27 +1,30 @@
 """Cloud Function ``provision``: deployment commands and reconcile ticks drive the provisioner.
 
-Return acks, raise retries (shared/entry.py); configuration comes from ``TPUCTL_*`` variables.
+Return acks, raise retries (shared/entry.py); what it accepts from which topic is the routing table's
+(shared/messages/routing.py); configuration comes from ``TPUCTL_*`` variables.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import flask
 import functions_framework
 
-from shared.entry import handle_payload, payload_from_cloud_event
 from shared.logging import configure_logging
+from shared.triggers import FunctionEntry
 from shared.wiring import runtime
 
-KINDS = frozenset({"deployment.create", "deployment.update", "deployment.delete", "deployment.stop",
-                   "deployment.start", "reconcile.tick"})  # fmt: skip
+ENTRY = FunctionEntry("provision", lambda rt: rt.provisioner.handle)
 configure_logging(runtime().settings.log_level)
 
 
 @functions_framework.cloud_event
 def provision(cloud_event: Any) -> None:
-    rt = runtime()
-    handle_payload(
-        payload_from_cloud_event(cloud_event), rt.provisioner.handle, store=rt.store, clock=rt.clock,
-        max_age_s=rt.settings.max_event_age_s, claim_s=rt.settings.command_claim_s, accept=KINDS,
-    )  # fmt: skip
+    ENTRY.cloud_event(cloud_event)
+
+
+@functions_framework.errorhandler(400)
+def unreadable_push(error: Exception) -> Any:
+    """A push functions-framework cannot convert (an attribute-only message) is recorded and acked."""
+    return ("", 204) if ENTRY.unreadable_push(flask.request.get_data(), flask.request.path) else error

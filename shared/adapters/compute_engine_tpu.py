@@ -389,6 +389,7 @@ class ComputeEngineTpu:
                 items=[
                     compute_v1.Items(key="startup-script", value=request.startup_script),
                     compute_v1.Items(key="enable-guest-attributes", value="TRUE"),
+                    *(compute_v1.Items(key=key, value=value) for key, value in request.metadata.items()),
                 ]
             )
         if request.tier is Tier.RESERVATION:

@@ -576,8 +576,8 @@ class GcpTpuApi:
         if request.tier is Tier.FLEX_START:
             return self._create_flex(request, labels)
         node = tpu_v2.Node(accelerator_type=request.accelerator, runtime_version=request.runtime_version, labels=labels)
-        if request.startup_script:
-            node.metadata = {"startup-script": request.startup_script}
+        if request.startup_script or request.metadata:
+            node.metadata = _metadata(request)
         placement = self._node_placement(request)
         if "serviceAccount" in placement:
             node.service_account = tpu_v2.ServiceAccount(email=placement["serviceAccount"]["email"], scope=list(SCOPES))
@@ -629,8 +629,8 @@ class GcpTpuApi:
             "runtimeVersion": request.runtime_version,
             "labels": labels,
         }
-        if request.startup_script:
-            node["metadata"] = {"startup-script": request.startup_script}
+        if request.startup_script or request.metadata:
+            node["metadata"] = _metadata(request)
         node.update(self._node_placement(request))
         body: dict[str, Any] = {
             "tpu": {"nodeSpec": [{"parent": parent, "nodeId": request.node_id, "node": node}]},
@@ -869,3 +869,8 @@ class GcpTpuApi:
             endpoint=_endpoint_of(node.network_endpoints),
             created_at=_pb_time(node, "create_time"),
         )
+
+
+def _metadata(request: ProvisionRequest) -> dict[str, str]:
+    """The node's metadata: the startup script and the request's other attributes (the event key)."""
+    return {**request.metadata, **({"startup-script": request.startup_script} if request.startup_script else {})}

@@ -45,7 +45,7 @@ from shared.adapters._pubsub_rules import (
 from shared.adapters.clock import SystemClock
 from shared.domain.errors import PermanentError, TransientError
 from shared.logging import redact
-from shared.ports import Clock, Delivery, Handler
+from shared.ports import Clock, Delivery, Handler, MissingSubscription
 
 __all__ = ["DEAD_LETTER_ERROR", "DEAD_LETTER_REASON", "LocalBus"]
 
@@ -242,6 +242,25 @@ class LocalBus:
                 "UPDATE bus_subscriptions SET dead_letter_topic = ?, max_delivery_attempts = ? WHERE name = ?",
                 (dead_letter_topic, max_delivery_attempts, subscription),
             )
+
+    def delete_subscription(self, subscription: str) -> bool:
+        """Delete the subscription and what it still owed (as Pub/Sub drops a deleted subscription's backlog);
+        returns whether it existed."""
+        check_resource_name("subscription", subscription)
+        with self._write() as db:
+            if self._find_subscription(db, subscription) is None:
+                return False
+            owed = [
+                int(row[0])
+                for row in db.execute(
+                    "SELECT message_seq FROM bus_deliveries WHERE subscription = ?", (subscription,)
+                ).fetchall()
+            ]
+            db.execute("DELETE FROM bus_deliveries WHERE subscription = ?", (subscription,))
+            db.execute("DELETE FROM bus_subscriptions WHERE name = ?", (subscription,))
+            for seq in owed:
+                self._forget_if_delivered(db, seq)
+        return True
 
     def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str], *, ordering_key: str | None = None
@@ -586,7 +605,9 @@ class LocalBus:
     def _get_subscription(self, db: sqlite3.Connection, name: str) -> _Subscription:
         found = self._find_subscription(db, name)
         if found is None:
-            raise PermanentError(f"subscription: {name!r} does not exist (create it with ensure_subscription first)")
+            raise MissingSubscription(
+                f"subscription: {name!r} does not exist (create it with ensure_subscription first)"
+            )
         return found
 
     def _create_schema(self) -> None:

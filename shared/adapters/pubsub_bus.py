@@ -41,7 +41,7 @@ from shared.adapters._pubsub_rules import (
     parse_filter,
 )
 from shared.domain.errors import PermanentError, TransientError
-from shared.ports import Delivery, Handler
+from shared.ports import Delivery, Handler, MissingSubscription
 
 __all__ = ["PubSubBus", "error_family"]
 
@@ -284,6 +284,10 @@ class PubSubBus:
                 )
             except api_exceptions.DeadlineExceeded:
                 return 0  # nothing arrived within timeout_s
+            except api_exceptions.NotFound as exc:
+                raise MissingSubscription(
+                    f"pubsub pull from subscription {subscription!r}: it does not exist: {exc.message}"
+                ) from exc
         acked = 0
         failed_keys: set[str] = set()
         for received in response.received_messages:

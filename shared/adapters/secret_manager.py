@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -61,18 +62,20 @@ class SecretManagerStore:
         register_secret(value)
         api = self._api()
         parent = f"projects/{self._project}"
-        try:
+        # Made already, by us or by Terraform (which leaves writers only secretVersionAdder on it).
+        with contextlib.suppress(gexc.AlreadyExists, gexc.PermissionDenied):
             api.create_secret(
                 request={"parent": parent, "secret_id": name, "secret": {"replication": {"automatic": {}}}}
             )
-        except gexc.AlreadyExists:
-            pass
-        except gexc.PermissionDenied as exc:
-            raise PermanentError(f"no permission to create secret {name}") from exc
         try:
             version = api.add_secret_version(
                 request={"parent": f"{parent}/secrets/{name}", "payload": {"data": value.encode("utf-8")}}
             )
         except (gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
             raise TransientError(f"Secret Manager unavailable writing {name}") from exc
+        except (gexc.PermissionDenied, gexc.NotFound) as exc:
+            raise PermanentError(
+                f"cannot add a version to secret {name}: create it (terraform apply) and grant this identity "
+                "roles/secretmanager.secretVersionAdder on it"
+            ) from exc
         return str(version.name)

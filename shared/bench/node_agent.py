@@ -7,10 +7,13 @@ Run it as ``python -m shared.bench.node_agent`` (the startup script does, with t
 2. reports runs a previous process left ``running`` as failed, with that cause, and publishes any result not
    yet published (``shared.bench.journal``);
 3. publishes ``node.booted`` with the machine's details (``shared.bench.system_info``);
-4. pulls ``benchmark.run``, ``serving.restart`` and ``serving.logs`` from its own subscription on the node-tasks
-   topic, filtered on ``attributes.deployment_id``, on a background thread, so a node task is carried out while a
-   benchmark runs; a dispatch or task is written to its journal and acked, then carried out; a redelivered id
-   (runs and tasks alike, across agent restarts) is acked without doing anything twice;
+4. pulls ``benchmark.run``, ``serving.restart`` and ``serving.logs`` from its deployment's node channel, the
+   subscription ``tpuctl-node-<deployment>`` on the node-tasks topic filtered on ``attributes.deployment_id``, on a
+   background thread, so a node task is carried out while a benchmark runs; a dispatch or task is written to its
+   journal and acked, then carried out; a redelivered id (runs and tasks alike, across agent restarts) is acked
+   without doing anything twice. The agent creates no topic and no subscription: the controller opened the channel
+   before it created this node and granted the VM's account subscriber on it alone (``shared.ports.NodeChannels``).
+   A channel not there yet is said so in the log and pulled again every ``_MISSING_CHANNEL_WAIT_S``;
 5. runs the load generator against the local vLLM (``shared.bench.loadgen``), one run at a time, keeps the
    per-request records in a JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status,
    structured result, cause of failure) on the events topic, retrying the publish until the bus takes it;
@@ -57,6 +60,7 @@ from shared.bench.system_info import boot_id, system_info
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
+from shared.domain.node_seal import EVENT_KEY_METADATA, EVENT_SEAL_ATTRIBUTE, seal
 from shared.logging import redact, scrub_untrusted
 from shared.messages import (
     MAX_MESSAGE_BYTES,
@@ -70,7 +74,7 @@ from shared.messages import (
     encode_message,
     message_attributes,
 )
-from shared.ports import Clock, CommandBus, Delivery, LogSink, ServingContainer
+from shared.ports import Clock, CommandBus, Delivery, LogSink, MissingSubscription, ServingContainer, node_channel
 
 __all__ = [
     "SERVING_CONTAINER_NAME",
@@ -96,6 +100,8 @@ SERVING_CONTAINER_NAME = "tpuctl-vllm"
 """The vLLM container's name: the startup script's ``CONTAINER`` (``StartupScriptInputs.container_name``)."""
 MAX_LINE_CHARS = 2000
 _RUN_STOP_WAIT_S = _STOP_GRACE_S * 6  # how long a restart waits for a stopped run to wind down
+_MISSING_CHANNEL_WAIT_S = 10.0  # between pulls while the node channel does not exist yet
+_MISSING_CHANNEL_LOG_EVERY_S = 300.0  # how often that is said again after the first time
 
 
 class NodeAgentSettings(BaseSettings):
@@ -128,8 +134,9 @@ class NodeAgentSettings(BaseSettings):
 
 
 def node_subscription(deployment_id: str) -> str:
-    """The node agent's subscription on the node-tasks topic."""
-    return f"tpuctl-node-{deployment_id}"
+    """The node agent's subscription on the node-tasks topic: its deployment's node channel, which the controller
+    makes (``shared.ports.node_channel``)."""
+    return node_channel(deployment_id)
 
 
 @dataclass
@@ -209,6 +216,7 @@ class NodeAgent:
         tasks: TaskJournal | None = None,
         api_key: str | None = None,
         restart_timeout_s: float = 30.0,
+        event_key: str | None = None,
     ) -> None:
         self.bus = bus
         self.deployment_id = deployment_id
@@ -228,20 +236,20 @@ class NodeAgent:
         self.tasks = tasks if tasks is not None else TaskJournal(journal.directory)
         self.restart_timeout_s = restart_timeout_s
         self._api_key = api_key
+        self._event_key = event_key  # seals every event (shared.domain.node_seal); None: the controller refuses them
         self._serving = threading.Lock()  # held by a benchmark run and by a restart: never both at once
         self._work = threading.Event()  # set by the puller when a run was accepted
+        self._channel_missing_since: float | None = None  # monotonic time the channel was first found missing
+        self._channel_missing_said: float | None = None
+        self._pull_refused_said: float | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     def start(self) -> list[str]:
-        """Subscribe, settle what a previous process left behind, announce the node. Returns recovered run ids."""
-        self.bus.ensure_topic(self.node_tasks_topic)
-        self.bus.ensure_topic(self.events_topic)
-        self.bus.ensure_subscription(
-            self.node_tasks_topic,
-            self.subscription,
-            filter=f'attributes.deployment_id = "{self.deployment_id}"',
-        )
+        """Settle what a previous process left behind, announce the node. Returns recovered run ids.
+
+        Nothing is created on the bus: the topics are Terraform's and the node channel is the controller's."""
+        log.info("node tasks come from %s on %s", self.subscription, self.node_tasks_topic)
         recovered = self.recover()
         self.publish_booted()
         self.publish_pending()
@@ -284,11 +292,64 @@ class NodeAgent:
         while not stop.is_set():
             try:
                 self.poll_once(timeout_s=poll_s)
-                self.handle_tasks()
-                self.publish_pending_tasks()
-            except Exception:  # the bus or the disk failed this round: wait a little, then go on
+            except MissingSubscription as exc:
+                self._channel_missing(exc)
+                stop.wait(max(poll_s, _MISSING_CHANNEL_WAIT_S))
+                continue
+            except PermanentError as exc:  # e.g. not allowed to pull yet: a new grant takes minutes to apply
+                now = time.monotonic()
+                if self._pull_refused_said is None or now - self._pull_refused_said >= _MISSING_CHANNEL_LOG_EVERY_S:
+                    self._pull_refused_said = now
+                    log.warning(
+                        "pulling %s was refused (%s); the controller grants this VM's account subscriber on it when "
+                        "it opens the channel, and IAM takes a few minutes to apply; pulling again every %.0f s",
+                        self.subscription,
+                        exc,
+                        _MISSING_CHANNEL_WAIT_S,
+                    )
+                stop.wait(max(poll_s, _MISSING_CHANNEL_WAIT_S))
+                continue
+            except Exception:  # the bus failed this round: wait a little, then go on
                 log.exception("node task round failed")
                 stop.wait(poll_s)
+                continue
+            self._channel_found()
+            try:
+                self.handle_tasks()
+                self.publish_pending_tasks()
+            except Exception:  # the disk or the bus failed this round: wait a little, then go on
+                log.exception("node task round failed")
+                stop.wait(poll_s)
+
+    def _channel_missing(self, exc: MissingSubscription) -> None:
+        """Say clearly, and not every round, that the node channel is not there (yet)."""
+        now = time.monotonic()
+        if self._channel_missing_since is None:
+            self._channel_missing_since = now
+        said = self._channel_missing_said
+        if said is not None and now - said < _MISSING_CHANNEL_LOG_EVERY_S:
+            return
+        self._channel_missing_said = now
+        log.warning(
+            "subscription %s on %s does not exist yet (missing for %.0f s); the controller opens it when it creates "
+            "the node (provisioner, NodeChannels) and this agent never creates it; pulling again every %.0f s. If it "
+            "stays missing, check the provision function's log for 'node channel' errors: %s",
+            self.subscription,
+            self.node_tasks_topic,
+            now - self._channel_missing_since,
+            _MISSING_CHANNEL_WAIT_S,
+            exc,
+        )
+
+    def _channel_found(self) -> None:
+        if self._channel_missing_since is not None:
+            log.info(
+                "subscription %s exists now (after %.0f s); pulling node tasks",
+                self.subscription,
+                time.monotonic() - self._channel_missing_since,
+            )
+            self._channel_missing_since = self._channel_missing_said = None
+        self._pull_refused_said = None
 
     def request_stop(self, reason: str) -> None:
         """Stop serving; a run in progress is stopped and reported failed with ``reason``."""
@@ -529,10 +590,12 @@ class NodeAgent:
         return sent
 
     def _publish(self, message: BenchmarkCompleted | NodeBooted | NodeTaskCompleted) -> bool:
+        body = encode_message(message)
+        attributes = message_attributes(message)
+        if self._event_key is not None:
+            attributes[EVENT_SEAL_ATTRIBUTE] = seal(self._event_key, body)
         try:
-            self.bus.publish(
-                self.events_topic, encode_message(message), message_attributes(message), ordering_key=self.deployment_id
-            )
+            self.bus.publish(self.events_topic, body, attributes, ordering_key=self.deployment_id)
         except Exception:  # the bus is down: keep it for the next round
             log.exception("could not publish %s", message.kind)
             return False
@@ -625,6 +688,37 @@ def _read_key(path: Path | None) -> str | None:
     return key or None
 
 
+def read_event_key(
+    metadata_host: str | None = None, *, attempts: int = 5, wait_s: float = 2.0, timeout_s: float = 5.0
+) -> str | None:
+    """This VM's event key from its own instance metadata (``tpuctl-event-key``), or None when it has none.
+
+    The metadata server answers only the VM it runs for, so the key names this node's deployment alone."""
+    import httpx
+
+    host = metadata_host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    url = f"http://{host}/computeMetadata/v1/instance/attributes/{EVENT_KEY_METADATA}"
+    for attempt in range(attempts):
+        try:
+            answer = httpx.get(url, headers={"Metadata-Flavor": "Google"}, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            log.warning("metadata server unreachable for the event key (%s); attempt %d", type(exc).__name__, attempt)
+        else:
+            if answer.status_code == 404:
+                break
+            key = answer.text.strip()
+            if answer.status_code == 200 and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
+                return key
+            log.warning("metadata server gave no usable event key (HTTP %d); attempt %d", answer.status_code, attempt)
+        time.sleep(wait_s)
+    log.error(
+        "this node has no %s in its instance metadata: the controller will refuse every event it publishes "
+        "(benchmark results, task answers, node.booted); recreate the node from the controller",
+        EVENT_KEY_METADATA,
+    )
+    return None
+
+
 def main() -> int:
     """Entry point of ``python -m shared.bench.node_agent``."""
     from shared.adapters.docker_engine import DockerEngineContainer
@@ -638,6 +732,8 @@ def main() -> int:
     agent_settings = NodeAgentSettings()
     api_key = _read_key(agent_settings.node_api_key_file)
     register_secret(api_key)
+    event_key = read_event_key()
+    register_secret(event_key)
     journal_dir = _journal_dir(settings, agent_settings)
     lock = AgentLock(journal_dir)
     lock.acquire()
@@ -660,6 +756,7 @@ def main() -> int:
         container=container,
         api_key=api_key,
         restart_timeout_s=agent_settings.node_restart_timeout_s,
+        event_key=event_key,
     )
     stop = threading.Event()
 

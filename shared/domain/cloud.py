@@ -85,6 +85,8 @@ class ProvisionRequest(BaseModel):
     max_run_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     reservation_name: str | None = None
     startup_script: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict, repr=False, exclude=True)
+    """Instance metadata beside the startup script (the deployment's event key): never printed or dumped."""
     service_account: str | None = None
     backend: Backend = Backend.TPU_API
 

@@ -9,11 +9,14 @@
     │   ├── ConflictError       a compare-and-set lost a race; re-read and try again
     │   └── LeaseHeld           another reconciler holds the deployment's lease
     └── CloudError              a provider error, classified ONCE in the adapter (see ErrorClass)
+        ├── PermanentCloudError   also a PermanentError: quota, stockout, permission, invalid, ...
+        └── TransientCloudError   also a TransientError: rate limits, 5xx, unknown
 
-Entry points map the two families mechanically (``shared.entry``): permanent -> return (ack),
-transient and anything unexpected -> raise (retry). ``CloudError`` is permanent or transient by
-its class: rate limits and 5xx are transient; the rest feed the planner's zone memory instead of
-being retried blindly.
+Every error the controller raises on purpose is exactly one of permanent or transient: entry points
+map the two families mechanically (``shared.entry``): permanent -> record, return (ack); transient
+and anything unexpected -> raise (retry). ``CloudError(...)`` builds the subclass its ``ErrorClass``
+calls for, so a PERMISSION_DENIED ends the command that met it instead of being redelivered until it
+dead-letters; the planner still reads the class to steer the capacity search.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ __all__ = [
     "InvalidMessage",
     "LeaseHeld",
     "NotOwned",
+    "PermanentCloudError",
     "PermanentError",
     "StaleGeneration",
+    "TransientCloudError",
     "TransientError",
 ]
 
@@ -127,8 +132,15 @@ class CloudError(ControllerError):
 
     ``quota_id`` and ``scope`` (``zone`` or ``region``) are set for quota errors; ``location`` is the
     zone or region the error names. ``surfaced`` says where it arrived: ``sync`` (the HTTP answer) or
-    ``operation`` (the long-running operation's error).
+    ``operation`` (the long-running operation's error). Constructing ``CloudError`` (or a subclass that
+    is not yet in either family) yields an instance that is also exactly one of ``PermanentError`` and
+    ``TransientError``, chosen by ``error_class``.
     """
+
+    def __new__(cls, error_class: ErrorClass, *args: object, **kwargs: object) -> CloudError:
+        if not issubclass(cls, (PermanentError, TransientError)):
+            cls = _family_class(cls, ErrorClass(error_class) in _TRANSIENT_CLASSES)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -153,5 +165,51 @@ class CloudError(ControllerError):
         """True when the same call may succeed if simply repeated later."""
         return self.error_class in _TRANSIENT_CLASSES
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_cloud_error, (_family_root(type(self)), self.error_class, self.message, self.__dict__))
+
     def __repr__(self) -> str:
         return f"CloudError({self.error_class.value!r}, {self.message!r})"
+
+
+class PermanentCloudError(CloudError, PermanentError):
+    """A provider error that the same call will meet again: record it, do not retry the message."""
+
+
+class TransientCloudError(CloudError, TransientError):
+    """A provider error that may pass if the same call is repeated later."""
+
+
+_FAMILIES: dict[tuple[type, bool], type] = {
+    (CloudError, True): TransientCloudError,
+    (CloudError, False): PermanentCloudError,
+}
+
+
+def _family_class(cls: type, transient: bool) -> type:
+    """The permanent or transient variant of a ``CloudError`` subclass (made once per subclass)."""
+    key = (cls, transient)
+    if key not in _FAMILIES:
+        family = TransientError if transient else PermanentError
+        _FAMILIES[key] = type(
+            cls.__name__, (cls, family), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        )
+    return _FAMILIES[key]
+
+
+def _family_root(cls: type[CloudError]) -> type[CloudError]:
+    """The class a caller constructed (``CloudError`` or its subclass), before the family was chosen."""
+    for base in cls.__mro__:
+        if issubclass(base, CloudError) and not issubclass(base, (PermanentError, TransientError)):
+            return base
+    return CloudError
+
+
+def _rebuild_cloud_error(
+    root: type[CloudError], error_class: ErrorClass, message: str, state: dict[str, object]
+) -> CloudError:
+    """Unpickle (e.g. across a process pool) into the same family the original was built in."""
+    error = CloudError.__new__(root, error_class)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error

@@ -9,10 +9,17 @@ to ack; ``shared.entry`` maps the error families):
   topic with ``deployment_id``, ``kind`` and ``run_id`` attributes, which the node agent's subscription
   filters on. A refused run is stored ``failed`` with the reason (users read it with the run id) and raised
   as ``PermanentError``. A run recorded but not dispatched (a crash in between) is dispatched on redelivery.
-- ``benchmark.completed`` (from the node agent): the result is stored with the plan (model, slice, tier,
-  zone, image, vLLM version and flags) and a comparison with the deployment's previous completed run and
-  with the best run of the same model on other slices, as JSON (``result["comparison"]``) and as a table
-  (``result["comparison_table"]``). The same event twice is a no-op.
+- ``benchmark.completed`` (from the node agent): accepted only for a run this controller recorded for that
+  deployment and still waits on (``requested``, ``dispatched``, ``running``; or failed here for want of an answer,
+  then the result is kept as late). Any other (a run nobody dispatched, another deployment's run, a run already
+  answered or refused) is a ``PermanentError`` naming why, and nothing is written. The node is untrusted (it
+  parses prompts): the result keeps only the known fields, cleaned and bounded (``shared.domain.untrusted``),
+  and the error text is cleaned too. The result is stored with the plan (model, slice, tier, zone, image, vLLM
+  version and flags) and a comparison with the deployment's previous completed run and with the best run of the
+  same model on other slices, as JSON (``result["comparison"]``) and as a table (``result["comparison_table"]``).
+  The same event twice is a no-op.
+- ``node.booted`` (from the node agent): the node's name and its known system fields, cleaned and bounded, are
+  kept on the deployment (``status.node_system``); unknown fields are dropped and counted.
 - ``benchmark.schedule``: one Scheduler job per deployment (``tpuctl-bench-<deployment>``) publishing a
   ``benchmark.run`` on the cron (``cron`` None deletes it). The job's messages carry the ``scheduled_job``
   attribute, so each firing is its own run (``shared.entry``). :func:`delete_benchmark_jobs` is what the
@@ -35,6 +42,8 @@ from typing import Any
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+from shared.domain.untrusted import clean_benchmark_result, clean_node_system, clean_text
+from shared.logging import scrub_untrusted
 from shared.messages import (
     SCHEDULED_JOB_ATTRIBUTE,
     BenchmarkCompleted,
@@ -63,6 +72,14 @@ JOB_PREFIX = "tpuctl-bench-"
 _TEMPLATE_NAMESPACE = uuid.UUID("9a3e6c1d-2b7f-4d8a-8e5c-1f0b3d7a6c42")
 _RUNNABLE_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED})
 _OPEN_STATES = ("requested", "dispatched", "running")
+_NO_ANSWER = "no result from the node agent within"
+"""How :meth:`Benchmarker.expire_stale` starts the error of a run it failed for want of an answer."""
+_MAX_ERROR_CHARS = 4000
+
+
+def _redact(text: str) -> str:
+    """Registered secrets and token-shaped strings out of node-reported text (cleaning comes first)."""
+    return scrub_untrusted(text, len(text) + 1)[0]
 
 
 @dataclass(frozen=True)
@@ -175,14 +192,15 @@ class Benchmarker:
     # --- node.booted --------------------------------------------------------------------------------------------
 
     def node_booted(self, message: NodeBooted) -> str:
-        """Keep the node's system details on the deployment (the gateway's node view reads them)."""
+        """Keep the node's system details on the deployment (the gateway's node view reads them), cleaned."""
+        system = clean_node_system(message.node, message.system, redact=_redact)
+        node = system.get("node") or "?"  # the cleaned name: outcomes land in the ledger and the logs
         for _ in range(3):
             record = self._store.get_deployment(message.deployment_id)
             if record is None:
-                return f"ignored: node {message.node} reports for unknown deployment {message.deployment_id}"
-            system = {"node": message.node, **message.system}
+                return f"ignored: node {node} reports for unknown deployment {message.deployment_id}"
             if record.status.node_system == system:
-                return f"noted: node {message.node} of {message.deployment_id} (unchanged)"
+                return f"noted: node {node} of {message.deployment_id} (unchanged)"
             status = record.status.model_copy(update={"node_system": system})
             try:
                 self._store.put_deployment(
@@ -191,7 +209,7 @@ class Benchmarker:
                 )
             except ConflictError:
                 continue
-            return f"noted: node {message.node} of {message.deployment_id} booted"
+            return f"noted: node {node} of {message.deployment_id} booted"
         raise TransientError(f"deployment {message.deployment_id} kept changing; node details retried later")
 
     # --- benchmark.run -----------------------------------------------------------------------------------------
@@ -239,7 +257,7 @@ class Benchmarker:
             if (now - run.updated_at).total_seconds() <= allowed:
                 continue
             error = (
-                f"no result from the node agent within {allowed:.0f} s of dispatch (the node may be down or "
+                f"{_NO_ANSWER} {allowed:.0f} s of dispatch (the node may be down or "
                 "restarted without its journal); run it again"
             )
             self._store.update_benchmark_run(
@@ -253,28 +271,27 @@ class Benchmarker:
     def ingest(self, event: BenchmarkCompleted) -> str:
         now = self._clock.now()
         run = self._store.get_benchmark_run(event.run_id)
-        if run is not None and run.result and run.result.get("event_id") == event.command_id:
-            return f"duplicate: result of run {event.run_id} already stored"
-        late = ""
         if run is None:
-            record = self._store.get_deployment(event.deployment_id)
-            run = BenchmarkRun(
-                run_id=event.run_id,
-                deployment_id=event.deployment_id,
-                status="dispatched",
-                request=dict((event.result or {}).get("request") or {}),
-                plan=self._plan(record) if record is not None else {},
-                created_at=now,
-                updated_at=now,
+            raise PermanentError(
+                f"run_id: no benchmark run {event.run_id} was dispatched by this controller; the result from the "
+                f"node of {event.deployment_id} is not stored"
             )
-            self._store.create_benchmark_run(run)
-        elif run.status == "failed" and not run.result:
-            late = f" (arrived after the run was marked failed: {run.error[:200]})"
         if run.deployment_id != event.deployment_id:
             raise PermanentError(
-                f"run_id: run {event.run_id} belongs to {run.deployment_id}, not {event.deployment_id}"
+                f"run_id: run {event.run_id} belongs to {run.deployment_id}, not {event.deployment_id}; "
+                "the result is not stored"
             )
-        result: dict[str, Any] = dict(event.result or {})
+        if run.result is not None and run.result.get("event_id") == event.command_id:
+            return f"duplicate: result of run {event.run_id} already stored"
+        late = ""
+        if run.status not in _OPEN_STATES:
+            if run.status != "failed" or run.result is not None or not run.error.startswith(_NO_ANSWER):
+                raise PermanentError(
+                    f"run_id: run {event.run_id} of {event.deployment_id} is {run.status}, not waiting for a "
+                    "result; the result is not stored"
+                )
+            late = f" (arrived after the run was marked failed: {run.error[:200]})"
+        result = clean_benchmark_result(event.result or {}, redact=_redact)
         plan = dict(run.plan)
         server = result.get("server")
         if isinstance(server, dict) and server.get("version"):
@@ -286,11 +303,12 @@ class Benchmarker:
             comparison = compare_runs(stored, history, regression_share=self._settings.regression_share)
             result["comparison"] = comparison
             result["comparison_table"] = comparison_table(stored, comparison)
+        error = clean_text(event.error, _MAX_ERROR_CHARS, redact=_redact) if event.status == "failed" else ""
         updated = stored.model_copy(
             update={
                 "status": event.status,
                 "result": result,
-                "error": (event.error + late).strip()[:4000] if event.status == "failed" else late.strip(),
+                "error": (error + late).strip()[:_MAX_ERROR_CHARS],
                 "updated_at": now,
             }
         )

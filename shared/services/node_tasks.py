@@ -9,9 +9,11 @@ nodes; raise to retry, return to ack):
   where the node agent's subscription (filtered on ``deployment_id``) picks it up. A task refused here is stored
   ``failed`` with the reason and the fix, and raised as ``PermanentError`` (the ledger keeps it too). A task
   recorded but not published (a crash in between: ``dispatched_at`` is None) is published on redelivery.
-- ``node.task_completed`` (from the node agent): status, detail and log lines are stored once. A completion for
-  an unknown task, a second one, or one that arrives after the answer timeout changes nothing. Lines are
-  scrubbed of control characters and secrets before storage, whatever the agent already did.
+- ``node.task_completed`` (from the node agent): status, detail and log lines are stored once, and only for a
+  task recorded here for that deployment and action and still unanswered. A completion for an unknown task,
+  another deployment's or action's task, a second one, or one that arrives after the answer timeout changes
+  nothing (acked as ``ignored``). The node is untrusted (it parses prompts): lines and detail are scrubbed of
+  escapes, control, bidi and invisible characters and of secrets before storage, whatever the agent already did.
 
 A dispatched task with no answer after ``answer_timeout_s`` reads as failed (:func:`as_read`), and is stored
 failed the next time a task of that deployment is handled.
@@ -26,6 +28,7 @@ from typing import Any, Literal
 
 from shared.domain.errors import PermanentError
 from shared.domain.models import DeploymentRecord, Desired, NodeTask, Phase
+from shared.domain.untrusted import clean_text
 from shared.logging import scrub_untrusted
 from shared.messages import (
     NodeTaskCompleted,
@@ -74,8 +77,14 @@ class NodeTaskSettings:
 
 
 def scrub_line(text: str, limit: int = _MAX_LINE_CHARS) -> str:
-    """One untrusted log line made safe to store: no escapes or control characters, secrets redacted, bounded."""
-    return scrub_untrusted(text, limit)[0]
+    """One untrusted log line made safe to store: no escapes, control, bidi, zero-width or other invisible
+    characters (``shared.domain.untrusted``; spacing kept), secrets redacted after that (so invisible characters
+    cannot hide one), bounded."""
+    return clean_text(text, limit, collapse=False, redact=_redact)
+
+
+def _redact(text: str) -> str:
+    return scrub_untrusted(text, len(text) + 1)[0]
 
 
 def no_node_reason(record: DeploymentRecord | None, deployment_id: str) -> str | None:

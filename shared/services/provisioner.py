@@ -17,21 +17,29 @@ How one reconcile stays safe without ever waiting:
 Ticks reconcile every deployment that still needs work, run the janitor, and pause the Scheduler tick
 job when nothing is live; every deployment command resumes it (record written first, then resume, so
 a pause that races a create is always undone).
+
+Node channels (``NodeChannels``): a deployment's node agents read their tasks from its own subscription,
+which the provisioner opens (idempotently) before every TPU create of the deployment, granting the VMs'
+account subscriber on it alone. A create whose channel cannot be opened is not sent: it stays an expectation
+and goes again on the next tick. The channel is closed when the deployment reaches DELETED (deleted, or torn
+down by TTL or budget); until the close succeeds the deployment stays DELETING with the reason in its message,
+so the ticks keep retrying it and no subscription outlives its deployment.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.domain.cloud import ObservedResource
+from shared.domain.cloud import ObservedResource, ProvisionRequest
 from shared.domain.errors import (
     CloudError,
     ConflictError,
+    ControllerError,
     ErrorClass,
     InvalidMessage,
     LeaseHeld,
@@ -63,7 +71,7 @@ from shared.domain.prices import price_per_chip_hour
 from shared.domain.ratelimit import BucketState, TokenBucket
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
 from shared.messages import ReconcileTick, encode_message, message_attributes
-from shared.ports import Clock, Fence, SchedulerApi, SchedulerJob, StateStore, TpuApi
+from shared.ports import Clock, Fence, NodeChannels, SchedulerApi, SchedulerJob, StateStore, TpuApi
 from shared.services.benchmarker import delete_benchmark_jobs
 from shared.services.janitor import Janitor, JanitorReport
 
@@ -156,11 +164,15 @@ class Provisioner:
         settings: ProvisionerSettings | None = None,
         startup_script: Callable[[DeploymentSpec], str] | None = None,
         price: PriceFn = price_per_chip_hour,
+        channels: NodeChannels | None = None,
+        node_metadata: Callable[[str], Mapping[str, str]] | None = None,
     ) -> None:
         self._store = store
         self._tpu = tpu
         self._clock = clock
         self._scheduler = scheduler
+        self._channels = channels
+        self._node_metadata = node_metadata
         self._settings = settings or ProvisionerSettings()
         self._startup_script = startup_script or (lambda _spec: "")
         self._price = price
@@ -465,6 +477,7 @@ class Provisioner:
                     self._store.delete_zone_memory(action.key)
                     memory.pop(action.key, None)
             status = next(a.status for a in actions if isinstance(a, WriteStatus))
+            status = self._close_channel_when_gone(record, status)
             record = self._write_status(record, status, fence)
             refused = self._execute(record, actions, result)
             record = self._write_status(record, self._confirm_creates(record.status, now), fence)
@@ -517,14 +530,60 @@ class Provisioner:
         """Make the API calls; returns synchronous refusals worth re-planning for right away."""
         refused: dict[str, OperationOutcome] = {}
         self._pending_patches = {}
+        channel_open: bool | None = None  # opened once, before the first create of this round
         for action in actions:
             if isinstance(action, DeleteResource):
                 self._delete(action, result)
             elif isinstance(action, CreateQueuedResource):
+                if channel_open is None:
+                    channel_open = self._open_channel(record.deployment_id, result)
+                if not channel_open:
+                    continue  # stays an unconfirmed expectation; the next tick opens the channel and sends it
                 outcome = self._create(record, action, result)
                 if outcome is not None:
                     refused[action.request.resource_id] = outcome
         return refused
+
+    # ----------------------------------------------------------------------------------- node channels
+
+    def _open_channel(self, deployment_id: str, result: ReconcileResult) -> bool:
+        """Open the deployment's node channel before a node of it is created; False holds the create back."""
+        if self._channels is None:
+            return True
+        try:
+            self._channels.open(deployment_id)
+        except ControllerError as exc:
+            if isinstance(exc, CloudError):
+                kind, transient = exc.error_class.value, exc.transient
+            else:
+                kind, transient = type(exc).__name__, isinstance(exc, TransientError)
+            result.failures.append(f"node-channel:{kind}")
+            log.log(
+                logging.INFO if transient else logging.ERROR,
+                "node channel of %s not opened (%s); its create waits for the next tick",
+                deployment_id,
+                exc,
+            )
+            return False
+        return True
+
+    def _close_channel_when_gone(self, record: DeploymentRecord, status: DeploymentStatus) -> DeploymentStatus:
+        """On the way to DELETED, close the node channel first; while that fails, stay DELETING and say why."""
+        if self._channels is None or status.phase is not Phase.DELETED or record.status.phase is Phase.DELETED:
+            return status
+        try:
+            self._channels.close(record.deployment_id)
+        except ControllerError as exc:
+            log.warning("node channel of %s not closed (%s); the next tick tries again", record.deployment_id, exc)
+            since = record.status.phase_since if record.status.phase is Phase.DELETING else status.phase_since
+            return status.model_copy(
+                update={
+                    "phase": Phase.DELETING,
+                    "phase_since": since,
+                    "message": f"{status.message}; waiting to close the node channel: {str(exc)[:300]}",
+                }
+            )
+        return status
 
     def _delete(self, action: DeleteResource, result: ReconcileResult) -> None:
         try:
@@ -543,6 +602,12 @@ class Provisioner:
         if not self._take_token(now):
             return None  # stays an unconfirmed expectation; re-sent when tokens come back
         try:
+            request = self._with_node_metadata(record.deployment_id, request)
+        except ControllerError as exc:  # the event key could not be made: the create waits for the next tick
+            log.warning("node metadata of %s not made (%s); its create waits for the next tick", request.node_id, exc)
+            result.failures.append(f"node-metadata:{type(exc).__name__}")
+            return None
+        try:
             op = self._tpu.create(request)
         except CloudError as exc:
             return self._create_refused(record, action, exc, result)
@@ -558,6 +623,12 @@ class Provisioner:
         }
         result.created.append(request.resource_id)
         return None
+
+    def _with_node_metadata(self, deployment_id: str, request: ProvisionRequest) -> ProvisionRequest:
+        """The request with the deployment's node metadata (its event key), made at send time so no record holds it."""
+        if self._node_metadata is None:
+            return request
+        return request.model_copy(update={"metadata": {**request.metadata, **self._node_metadata(deployment_id)}})
 
     def _create_refused(
         self, record: DeploymentRecord, action: CreateQueuedResource, exc: CloudError, result: ReconcileResult

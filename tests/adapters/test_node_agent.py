@@ -7,6 +7,7 @@ for real and kill it mid-run, as a VM reboot or an OOM kill would.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
@@ -25,6 +26,7 @@ from localcloud.vm_twin.containers import tail_file
 from shared.adapters.clock import SystemClock
 from shared.adapters.docker_engine import DockerEngineContainer
 from shared.adapters.local_bus import LocalBus
+from shared.adapters.node_channels import LocalBusNodeChannels
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.bench.journal import JournalEntry, RunJournal, TaskJournal
 from shared.bench.loadgen import Target
@@ -37,7 +39,7 @@ from shared.bench.node_agent import (
     node_subscription,
 )
 from shared.bench.stub_server import StubBehaviour, StubProcess, spawn_stub
-from shared.domain.errors import TransientError
+from shared.domain.errors import PermanentError, TransientError
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase, Tier
 from shared.messages import (
     MAX_MESSAGE_BYTES,
@@ -53,7 +55,7 @@ from shared.messages import (
     message_attributes,
     new_command_id,
 )
-from shared.ports import CommandBus, Delivery, Handler
+from shared.ports import CommandBus, Delivery, Handler, MissingSubscription
 from shared.services.benchmarker import Benchmarker
 from tests.support.builders import spec_dict
 from tests.support.serving_container import StandIn, serve_stand_in
@@ -67,11 +69,14 @@ def _events(bus: LocalBus) -> list[object]:
     return [decode_message(delivery.data) for delivery in seen]
 
 
-def _bus(path: Path) -> LocalBus:
+def _bus(path: Path, *, channel: bool = True) -> LocalBus:
+    """Topics as Terraform makes them; with ``channel``, gemma-a's node channel as the provisioner opens it."""
     bus = LocalBus(path)
     bus.ensure_topic(EVENTS)
     bus.ensure_topic(NODE_TASKS)
     bus.ensure_subscription(EVENTS, "test-events")
+    if channel:
+        LocalBusNodeChannels(bus, NODE_TASKS).open("gemma-a")
     return bus
 
 
@@ -93,7 +98,7 @@ def bus(tmp_path: Path) -> Iterator[LocalBus]:
         bus.close()
 
 
-def _agent(bus: LocalBus, journal_dir: Path, url: str) -> NodeAgent:
+def _agent(bus: LocalBus, journal_dir: Path, url: str, event_key: str | None = None) -> NodeAgent:
     return NodeAgent(
         bus,
         deployment_id="gemma-a",
@@ -103,6 +108,7 @@ def _agent(bus: LocalBus, journal_dir: Path, url: str) -> NodeAgent:
         clock=SystemClock(),
         system=lambda: {"cpu_model": "test cpu", "cpus": 2, "accelerator": None},
         boot=lambda: "boot-1",
+        event_key=event_key,
     )
 
 
@@ -567,3 +573,181 @@ def test_the_task_journal_survives_a_reopen_and_moves_a_broken_file_aside(tmp_pa
     with pytest.raises(RuntimeError, match=r"task journal: .*tasks\.json was unreadable"):
         TaskJournal(tmp_path)
     assert (tmp_path / "tasks.broken").is_file()
+
+
+# --- the node channel: the controller's, never the agent's -----------------------------------------------------
+
+
+class TestNodeChannel:
+    def test_the_agent_creates_nothing_on_the_bus_and_waits_for_its_channel_saying_so(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import shared.bench.node_agent as node_agent_module
+
+        monkeypatch.setattr(node_agent_module, "_MISSING_CHANNEL_WAIT_S", 0.05)
+        bus = _bus(tmp_path / "bus.sqlite", channel=False)
+        try:
+            agent = _agent(bus, tmp_path / "node", "http://127.0.0.1:9")
+            assert agent.start() == []
+            with pytest.raises(MissingSubscription):  # start() made no subscription of its own
+                bus.backlog(node_subscription("gemma-a"))
+            stop = threading.Event()
+            puller = threading.Thread(target=agent.pull_loop, args=(stop, 0.05), daemon=True)
+            with caplog.at_level(logging.INFO, logger="tpuctl.node_agent"):
+                puller.start()
+                try:
+                    _wait(lambda: "does not exist yet" in caplog.text, timeout_s=10)
+                    time.sleep(0.3)  # several missing rounds: said once, not every round
+                    assert caplog.text.count("does not exist yet") == 1
+                    assert "tpuctl-node-gemma-a" in caplog.text and "never creates it" in caplog.text
+                    LocalBusNodeChannels(bus, NODE_TASKS).open("gemma-a")  # the provisioner opens it
+                    run = _dispatch(bus, BenchmarkRequest(concurrency=(1,), num_prompts=2, input_len=4, output_len=4))
+                    _wait(lambda: agent.journal.get(run.command_id) is not None, timeout_s=10)
+                    assert "exists now" in caplog.text
+                finally:
+                    stop.set()
+                    puller.join(timeout=10)
+            assert not puller.is_alive()
+            assert bus.backlog(node_subscription("gemma-a")) == 0
+        finally:
+            bus.close()
+
+    def test_the_channel_is_filtered_on_the_deployment_and_closing_it_drops_its_backlog(self, tmp_path: Path) -> None:
+        bus = _bus(tmp_path / "bus.sqlite")
+        try:
+            channels = LocalBusNodeChannels(bus, NODE_TASKS)
+            assert channels.open("gemma-a") == "tpuctl-node-gemma-a"  # again: idempotent
+            _dispatch(bus, BenchmarkRequest(concurrency=(1,), num_prompts=2, input_len=4, output_len=4))
+            _dispatch(bus, BenchmarkRequest(concurrency=(1,), num_prompts=2, input_len=4, output_len=4), "other-b")
+            assert bus.backlog("tpuctl-node-gemma-a") == 1
+            assert channels.close("gemma-a") is True
+            assert channels.close("gemma-a") is False
+            with pytest.raises(MissingSubscription):
+                bus.backlog("tpuctl-node-gemma-a")
+        finally:
+            bus.close()
+
+    def test_a_refused_pull_is_said_plainly_and_tried_again_until_the_grant_applies(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import shared.bench.node_agent as node_agent_module
+
+        monkeypatch.setattr(node_agent_module, "_MISSING_CHANNEL_WAIT_S", 0.05)
+        inner = _bus(tmp_path / "bus.sqlite")
+
+        class NotYetGranted(OutageBus):
+            refusals = 5
+
+            def pull(
+                self, subscription: str, handler: Handler, *, max_messages: int = 10, timeout_s: float = 1.0
+            ) -> int:
+                if self.refusals:
+                    self.refusals -= 1
+                    raise PermanentError(f"pubsub pull from subscription {subscription!r}: PermissionDenied: 403")
+                return super().pull(subscription, handler, max_messages=max_messages, timeout_s=timeout_s)
+
+        bus = NotYetGranted(inner)
+        try:
+            agent = _agent(inner, tmp_path / "node", "http://127.0.0.1:9")
+            agent.bus = bus
+            stop = threading.Event()
+            puller = threading.Thread(target=agent.pull_loop, args=(stop, 0.05), daemon=True)
+            with caplog.at_level(logging.INFO, logger="tpuctl.node_agent"):
+                puller.start()
+                try:
+                    run = _dispatch(inner, BenchmarkRequest(concurrency=(1,), num_prompts=2, input_len=4, output_len=4))
+                    _wait(lambda: agent.journal.get(run.command_id) is not None, timeout_s=10)
+                finally:
+                    stop.set()
+                    puller.join(timeout=10)
+            assert bus.refusals == 0
+            assert caplog.text.count("was refused") == 1 and "PermissionDenied" in caplog.text
+            assert "Traceback" not in caplog.text
+        finally:
+            inner.close()
+
+
+class _MetadataServer:
+    """A stand-in for the GCE metadata server: ``instance/attributes/*`` from a dict, ``Metadata-Flavor`` required."""
+
+    def __init__(self, attributes: Mapping[str, str]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        served = dict(attributes)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                key = self.path.removeprefix("/computeMetadata/v1/instance/attributes/")
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    status, text = 403, "missing Metadata-Flavor"
+                elif key in served:
+                    status, text = 200, served[key]
+                else:
+                    status, text = 404, "not found"
+                body = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class TestEventSeal:
+    """Events leave sealed with the key the node's own metadata holds; the controller's check accepts only those."""
+
+    def _published(self, bus: LocalBus) -> list[Delivery]:
+        seen: list[Delivery] = []
+        bus.pull("test-events", seen.append, max_messages=100, timeout_s=0)
+        return seen
+
+    def test_the_agent_seals_its_events_with_its_deployment_s_key(self, bus: LocalBus, tmp_path: Path) -> None:
+        from shared.adapters.file_secrets import FileSecretStore
+        from shared.domain.errors import InvalidMessage
+        from shared.services.event_seals import EventSeals
+
+        seals = EventSeals(FileSecretStore(tmp_path / "secrets"), "tpuctl-event-key")
+        agent = _agent(bus, tmp_path / "journal", "http://127.0.0.1:9", seals.event_key("gemma-a", create=True))
+        agent.publish_booted()
+        (delivery,) = self._published(bus)
+        message = decode_message(delivery.data)
+        seals.check(delivery.attributes, delivery.data, message)  # accepted: no error
+        forged = message.model_copy(update={"deployment_id": "gemma-b"})
+        with pytest.raises(InvalidMessage, match="event key of deployment 'gemma-b'"):
+            seals.check(delivery.attributes, encode_message(forged), forged)
+        with pytest.raises(InvalidMessage, match=r"attributes\.event_seal"):
+            seals.check({"kind": message.kind}, delivery.data, message)
+
+    def test_the_key_is_read_from_the_node_s_own_metadata(self) -> None:
+        from shared.bench.node_agent import read_event_key
+
+        key = secrets.token_hex(32)
+        server = _MetadataServer({"tpuctl-event-key": key + "\n"})
+        try:
+            assert read_event_key(server.host) == key
+        finally:
+            server.close()
+
+    def test_a_node_without_a_key_says_its_events_will_be_refused(self, caplog: pytest.LogCaptureFixture) -> None:
+        from shared.bench.node_agent import read_event_key
+
+        server = _MetadataServer({"tpuctl-event-key": "not-hex"})
+        empty = _MetadataServer({})
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert read_event_key(empty.host, attempts=3, wait_s=0.01) is None
+                assert read_event_key(server.host, attempts=2, wait_s=0.01) is None
+        finally:
+            server.close()
+            empty.close()
+        assert "refuse every event" in caplog.text
+        assert "no usable event key (HTTP 200)" in caplog.text

@@ -137,9 +137,10 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
 
     refused = httpx.get(f"{demo_endpoint(cloud)}/v1/models", timeout=10)
     assert refused.status_code == 401, "vLLM requires the API key"
-    logs = _logs_with(gateway, "401", 90)
+    refused_line = '/v1/models HTTP/1.1" 401'  # the access line itself, not a port or a stamp holding "401"
+    logs = _logs_with(gateway, refused_line, 90)
     assert logs.counts.get("INFO", 0) > 0, "vLLM's own INFO lines reached Cloud Logging"
-    assert any("401" in line.message and line.severity == "WARNING" for line in logs.entries), logs.counts
+    assert any(refused_line in line.message and line.severity == "WARNING" for line in logs.entries), logs.counts
 
     tail = gateway.tail_serving_logs(SPEC.deployment_id, lines=30)
     tail = _poll(lambda: gateway.tail_serving_logs(SPEC.deployment_id, task_id=tail.task_id), 60)  # type: ignore[assignment]

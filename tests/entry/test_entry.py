@@ -17,7 +17,10 @@ from shared.adapters.clock import ManualClock
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.domain.errors import PermanentError, TransientError
 from shared.entry import Outcome, PubSubPayload, handle_payload, payload_from_cloud_event
+from shared.messages.routing import Trigger
 from tests.support.builders import ISSUED_AT, command_bytes, command_dict
+
+COMMANDS = "//pubsub.googleapis.com/projects/demo-proj/topics/tpuctl-commands"
 
 
 class CountingHandler:
@@ -50,7 +53,13 @@ def clock() -> ManualClock:
 
 
 def _deliver(raw: bytes, handler: Any, store: SqliteStateStore, clock: ManualClock, **kwargs: Any) -> Any:
-    payload = PubSubPayload(data=raw, message_id=kwargs.pop("message_id", "m-1"), publish_time=kwargs.pop("at", None))
+    payload = PubSubPayload(
+        data=raw,
+        message_id=kwargs.pop("message_id", "m-1"),
+        publish_time=kwargs.pop("at", None),
+        attributes=kwargs.pop("attributes", {}),
+        source=kwargs.pop("source", ""),
+    )
     return handle_payload(payload, handler, store=store, clock=clock, max_age_s=3600, **kwargs)
 
 
@@ -154,9 +163,11 @@ def test_a_kind_this_function_does_not_handle_is_acked_without_effect(
     store: SqliteStateStore, clock: ManualClock
 ) -> None:
     handler = CountingHandler()
-    result = _deliver(command_bytes("benchmark.run"), handler, store, clock, accept=frozenset({"deployment.create"}))
+    accept = {"tpuctl-commands": Trigger("commands", frozenset({"deployment.create"}))}
+    result = _deliver(command_bytes("benchmark.run"), handler, store, clock, accept=accept, source=COMMANDS)
     assert result.outcome is Outcome.DROPPED
     assert handler.applied == []
+    assert store.get_command(json.loads(command_bytes("benchmark.run"))["command_id"]) is None, "nothing recorded"
 
 
 class _Event(dict[str, Any]):

@@ -15,6 +15,7 @@ from functions_framework import create_app
 
 from shared.config import get_settings
 from shared.messages import new_command_id
+from shared.messages.routing import TOPIC_KINDS
 from shared.wiring import runtime
 from tests.support.builders import command_dict
 from tests.support.fixtures_tpu_sim import TpuSimHandle
@@ -22,11 +23,18 @@ from tests.support.fixtures_tpu_sim import TpuSimHandle
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _topic_of(body: Any) -> str:
+    """The topic a message of this kind travels on (what the push path of its subscription names)."""
+    kind = body.get("kind") if isinstance(body, dict) else None
+    logical = next((topic for topic, kinds in TOPIC_KINDS.items() if kind in kinds), "commands")
+    return f"tpuctl-{logical}"
+
+
 def _event(body: dict[str, Any] | bytes, message_id: str = "1") -> CloudEvent:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     attributes = {
         "type": "google.cloud.pubsub.topic.v1.messagePublished",
-        "source": "//pubsub.googleapis.com/projects/demo-tpuctl/topics/tpuctl-commands",
+        "source": f"//pubsub.googleapis.com/projects/demo-tpuctl/topics/{_topic_of(body)}",
         "id": message_id,
     }
     message = {"data": base64.b64encode(raw).decode(), "messageId": message_id, "attributes": {}}

@@ -15,23 +15,43 @@ from functions_framework import create_app
 
 from shared.config import get_settings
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase
+from shared.domain.node_seal import EVENT_SEAL_ATTRIBUTE, SEALED_KINDS, seal
 from shared.messages import TailServingLogs, decode_message, new_command_id
+from shared.messages.routing import TOPIC_KINDS
 from shared.ports import Delivery
 from shared.wiring import runtime
 from tests.support.builders import command_dict, spec_dict
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _topic_of(body: Any) -> str:
+    """The topic a message of this kind travels on (what the push path of its subscription names)."""
+    kind = body.get("kind") if isinstance(body, dict) else None
+    logical = next((topic for topic, kinds in TOPIC_KINDS.items() if kind in kinds), "commands")
+    return f"tpuctl-{logical}"
+
+
 NODE_SUBSCRIPTION = "test-node-gemma-a"
+
+
+def _seal(body: dict[str, Any], raw: bytes) -> dict[str, str]:
+    """What the deployment's node agent attaches to its events (shared/domain/node_seal.py)."""
+    if body["kind"] not in SEALED_KINDS:
+        return {}
+    key = runtime().event_seals.event_key(body["deployment_id"], create=True)
+    return {EVENT_SEAL_ATTRIBUTE: seal(key, raw)}
 
 
 def _event(body: dict[str, Any], message_id: str) -> CloudEvent:
     attributes = {
         "type": "google.cloud.pubsub.topic.v1.messagePublished",
-        "source": "//pubsub.googleapis.com/projects/demo-tpuctl/topics/tpuctl-commands",
+        "source": f"//pubsub.googleapis.com/projects/demo-tpuctl/topics/{_topic_of(body)}",
         "id": message_id,
     }
-    data = base64.b64encode(json.dumps(body).encode()).decode()
-    message = {"data": data, "messageId": message_id, "attributes": {"kind": body["kind"]}}
+    raw = json.dumps(body).encode()
+    data = base64.b64encode(raw).decode()
+    message = {"data": data, "messageId": message_id, "attributes": {"kind": body["kind"], **_seal(body, raw)}}
     return CloudEvent(attributes, {"message": message, "subscription": "projects/demo-tpuctl/subscriptions/s"})
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from shared.adapters.clock import SystemClock
 from shared.adapters.local_bus import LocalBus
+from shared.adapters.node_channels import LocalBusNodeChannels
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.bench.journal import RunJournal
 from shared.bench.loadgen import Target
@@ -39,6 +40,7 @@ def bus(tmp_path: Path) -> Iterator[LocalBus]:
         bus.ensure_topic(topic)
     bus.ensure_subscription(COMMANDS, "benchmark-commands")
     bus.ensure_subscription(EVENTS, "benchmark-events", filter='attributes.kind = "benchmark.completed"')
+    LocalBusNodeChannels(bus, NODE_TASKS).open("tiny-a")  # as the provisioner does before it creates the node
     try:
         yield bus
     finally:

@@ -26,6 +26,7 @@ from localcloud.vm_twin.metadata_server import TokenIssuer
 from localcloud.vm_twin.vm import NodeView, VmFleet, unshare_available
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
+from shared.adapters.node_channels import LocalBusNodeChannels
 from shared.domain.models import DeploymentSpec
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 from shared.messages import (
@@ -121,6 +122,7 @@ def test_restart_and_log_tail_reach_a_real_vllm_on_a_local_node(tmp_path: Path) 
     bus.ensure_topic(EVENTS)
     bus.ensure_topic(NODE_TASKS)
     bus.ensure_subscription(EVENTS, "test-events")
+    LocalBusNodeChannels(bus, NODE_TASKS).open("gemma-a")  # as the provisioner does before it creates the node
     events = EventLog(bus)
     runtime = VmFleet(
         world,

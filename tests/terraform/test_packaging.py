@@ -30,6 +30,7 @@ ENTRY_POINTS = {"provision": "provision", "monitor": "monitor", "benchmark": "be
 # which the root file does not pin separately.
 DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "functions-framework": ("functions_framework",),
+    "flask": ("flask",),
     "google-cloud-tpu": ("google.cloud.tpu",),
     "google-cloud-pubsub": ("google.cloud.pubsub",),
     "google-cloud-firestore": ("google.cloud.firestore",),

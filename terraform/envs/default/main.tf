@@ -41,6 +41,7 @@ locals {
     TPUCTL_TOPIC_NODE_TASKS    = var.topic_names.node_tasks
     TPUCTL_HF_TOKEN_SECRET     = var.secret_ids.hf_token
     TPUCTL_VLLM_API_KEY_SECRET = var.secret_ids.vllm_api_key
+    TPUCTL_EVENT_KEY_SECRET    = var.secret_ids.event_key
     TPUCTL_LOG_LEVEL           = var.log_level
     # Every TPU VM runs as the narrow node identity, on this VPC, with the tag the vLLM firewall rule targets,
     # and without an external IP (Cloud NAT pulls images and weights).
@@ -275,6 +276,17 @@ module "secrets" {
         local.gateway_vllm_key_readers,
       )
     }
+    # The controller key node event keys derive from (shared/domain/node_seal.py). The provision function adds
+    # its first version on first use and hands each deployment's VMs their derived key in instance metadata; the
+    # benchmark function checks node events with it. No VM and no person reads it.
+    event_key = {
+      secret_id = var.secret_ids.event_key
+      accessors = {
+        provision = module.provision.service_account_member
+        benchmark = module.benchmark.service_account_member
+      }
+      version_adders = { provision = module.provision.service_account_member }
+    }
   }
 }
 
@@ -305,6 +317,8 @@ module "identities" {
   source_bucket      = google_storage_bucket.sources.name
   gateway_principals = var.gateway_principals
   tpu_vm_users       = { provision = module.provision.service_account_member }
+  # The provisioner opens each deployment's node channel and grants the TPU VM account subscriber on it.
+  node_channel_managers = { provision = module.provision.service_account_member }
 }
 
 # --- functions ----------------------------------------------------------------------------------
@@ -334,8 +348,9 @@ module "provision" {
     max_instance_count = try(var.function_limits.provision.max_instance_count, 3)
   }
 
-  # Cloud TPU has no resource-level IAM, so TPU grants are project-level (reliability-security.md §7).
-  project_roles  = ["roles/tpu.admin", "roles/datastore.user"]
+  # Cloud TPU has no resource-level IAM, so its TPU rights are project-level: the tpuctlProvisionTpu
+  # custom role below (the calls shared/adapters/gcp_tpu.py makes), not roles/tpu.admin.
+  project_roles  = ["roles/datastore.user"]
   publish_topics = { events = local.topic_ids.events }
 
   triggers = {
@@ -445,39 +460,88 @@ module "benchmark" {
 
 # --- narrowly scoped custom roles ---------------------------------------------------------------
 
-# Cloud Scheduler jobs the controller manages at run time: the provisioner pauses its reconcile
-# tick job when nothing is live and resumes (or recreates) it on the next command; scheduled
-# benchmarks (benchmark.schedule) are jobs the benchmark function creates, replaces and deletes.
-# Both get job management through this role, not roles/cloudscheduler.admin.
-resource "google_project_iam_custom_role" "scheduler_jobs" {
+# The provisioner's Cloud TPU calls (shared/adapters/gcp_tpu.py, v2 and v2alpha1 for flex-start), instead of
+# roles/tpu.admin. Cloud TPU checks queued resources against tpu.nodes.* (roles/tpu.admin lists no
+# queuedresources permission; queuedResources.reset documents tpu.nodes.reset):
+#   queuedResources.create -> tpu.nodes.create      queuedResources/nodes get  -> tpu.nodes.get
+#   queuedResources/nodes list -> tpu.nodes.list   queuedResources/nodes delete -> tpu.nodes.delete
+#   operations.get -> tpu.operations.get           lists over locations/- -> tpu.locations.list (read-only)
+# Not granted: start, stop, update, reset, reimage, maintenance and tag bindings of nodes (the provisioner
+# releases a slice by deleting it), accelerator types and runtime versions (never listed).
+resource "google_project_iam_custom_role" "provision_tpu" {
   project     = local.project_id
-  role_id     = "${replace(var.name_prefix, "-", "_")}SchedulerJobs"
-  title       = "tpuctl Scheduler jobs"
-  description = "Create, pause, resume, update and delete the controller's Cloud Scheduler jobs."
+  role_id     = "${replace(var.name_prefix, "-", "_")}ProvisionTpu"
+  title       = "tpuctl provision TPU"
+  description = "Create, read, list and delete the controller's queued resources and TPU nodes; read operations."
+  permissions = [
+    "tpu.locations.list",
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    "tpu.operations.get",
+  ]
+}
+
+resource "google_project_iam_member" "provision_tpu" {
+  project = local.project_id
+  role    = google_project_iam_custom_role.provision_tpu.id
+  member  = module.provision.service_account_member
+}
+
+# Cloud Scheduler jobs the controller manages at run time, one role per function with only the calls it makes
+# (shared/adapters/cloud_scheduler.py); Scheduler has no per-job IAM, so both are project-level.
+# The provisioner pauses its reconcile tick job when nothing is live, resumes (or recreates) it on the next
+# command, and deletes a deleted deployment's scheduled-benchmark job: get, create, pause, enable, list, delete.
+resource "google_project_iam_custom_role" "provision_scheduler_jobs" {
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}ProvisionSchedulerJobs"
+  title       = "tpuctl provision Scheduler jobs"
+  description = "Pause, resume or recreate the reconcile tick job; delete a deleted deployment's benchmark job."
   permissions = [
     "cloudscheduler.jobs.create",
     "cloudscheduler.jobs.delete",
+    "cloudscheduler.jobs.enable",
     "cloudscheduler.jobs.get",
     "cloudscheduler.jobs.list",
-    "cloudscheduler.jobs.update",
     "cloudscheduler.jobs.pause",
-    "cloudscheduler.jobs.enable",
   ]
 }
 
 resource "google_project_iam_member" "provision_scheduler_jobs" {
   project = local.project_id
-  role    = google_project_iam_custom_role.scheduler_jobs.id
+  role    = google_project_iam_custom_role.provision_scheduler_jobs.id
   member  = module.provision.service_account_member
+}
+
+# Scheduled benchmarks (benchmark.schedule): the benchmark function creates, replaces and deletes
+# tpuctl-bench-<deployment> jobs, and resumes one an operator paused when it is scheduled again; it never pauses.
+resource "google_project_iam_custom_role" "benchmark_scheduler_jobs" {
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}BenchmarkSchedulerJobs"
+  title       = "tpuctl benchmark Scheduler jobs"
+  description = "Create, replace, resume and delete the scheduled-benchmark jobs."
+  permissions = [
+    "cloudscheduler.jobs.create",
+    "cloudscheduler.jobs.delete",
+    "cloudscheduler.jobs.enable",
+    "cloudscheduler.jobs.get",
+    "cloudscheduler.jobs.list",
+    "cloudscheduler.jobs.update",
+  ]
 }
 
 resource "google_project_iam_member" "benchmark_scheduler_jobs" {
   project = local.project_id
-  role    = google_project_iam_custom_role.scheduler_jobs.id
+  role    = google_project_iam_custom_role.benchmark_scheduler_jobs.id
   member  = module.benchmark.service_account_member
 }
 
-# Second TPU back end (Compute Engine ct6e VMs): instance lifecycle only, off by default.
+# Second TPU back end (Compute Engine ct6e VMs): instance lifecycle only, off by default. These rights reach
+# every instance in the project, not only the controller's: compute.instances.setMetadata could rewrite any VM's
+# startup script, delete any VM. A condition on resource.name (Compute Engine supports it) cannot single ours out:
+# instance names are <deployment>-g<generation>-a<attempt>, with no fixed prefix. Keep this back end in a project
+# of its own, or leave it off.
 resource "google_project_iam_custom_role" "compute_tpu_vms" {
   count = var.enable_compute_engine_backend ? 1 : 0
 

@@ -53,6 +53,7 @@ variable "secret_ids" {
   type = object({
     hf_token     = optional(string, "tpuctl-hf-token")
     vllm_api_key = optional(string, "tpuctl-vllm-api-key")
+    event_key    = optional(string, "tpuctl-event-key")
   })
   default = {}
 }

@@ -138,8 +138,11 @@ resource "google_pubsub_subscription" "trigger" {
   ack_deadline_seconds       = each.value.ack_deadline_seconds
   message_retention_duration = each.value.message_retention_duration
 
+  # The push path names the topic (functions-framework turns /projects/P/topics/T into the CloudEvent's
+  # source): the function knows which topic delivered a message from Pub/Sub, never from what a publisher
+  # set, and refuses kinds that may not travel on it (shared/messages/routing.py).
   push_config {
-    push_endpoint = google_cloudfunctions2_function.this.service_config[0].uri
+    push_endpoint = "${google_cloudfunctions2_function.this.service_config[0].uri}/${each.value.topic}"
 
     oidc_token {
       service_account_email = google_service_account.invoker.email

@@ -115,7 +115,7 @@ variable "environment_variables" {
 variable "triggers" {
   description = "Push subscriptions that feed the function, keyed by a short name (commands, ticks, events)."
   type = map(object({
-    topic                      = string
+    topic                      = string # a topic id, projects/P/topics/NAME: also the push path
     dead_letter_topic          = string
     filter                     = optional(string, "")
     enable_message_ordering    = optional(bool, false)
@@ -144,6 +144,11 @@ variable "triggers" {
   validation {
     condition     = alltrue([for t in values(var.triggers) : length(t.filter) <= 256])
     error_message = "triggers[*].filter: Pub/Sub filters are at most 256 bytes."
+  }
+
+  validation {
+    condition     = alltrue([for t in values(var.triggers) : can(regex("^projects/[^/]+/topics/[^/]+$", t.topic))])
+    error_message = "triggers[*].topic: give the topic id, projects/P/topics/NAME; it is also the push path the function reads its topic from."
   }
 }
 

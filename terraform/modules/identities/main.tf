@@ -3,8 +3,10 @@
 #
 # TPU VM: writes logs (roles/logging.logWriter: the node agent ships the vLLM container's lines to
 # Cloud Logging as the VM) and metrics, publishes results on the events topic, reads the node-agent
-# bundle (and nothing else) from the source bucket, and runs the node agent's own subscription on
-# the node-tasks topic (below). Its secret access is granted per secret by the secrets module.
+# bundle (and nothing else) from the source bucket. Its secret access is granted per secret by the
+# secrets module. It holds no Pub/Sub right at project level and none on any topic but events: it
+# reads its node tasks from its deployment's node channel, on which the controller grants it
+# roles/pubsub.subscriber at run time (below, and docs/deploy.md "Who may do what").
 #
 # Gateway user: publishes commands, reads Firestore state, logs and quota limits (Cloud Quotas, for
 # tpu_list_zones' live quota). Nothing on the TPU API: every change to TPUs goes through a command that
@@ -44,26 +46,39 @@ resource "google_storage_bucket_iam_member" "tpu_vm_bundle_reader" {
   }
 }
 
-# The node agent (shared/bench/node_agent.py) creates its own subscription at start,
-# tpuctl-node-<deployment> filtered on attributes.deployment_id, then pulls from it. The
-# subscription appears at run time, so Terraform cannot grant on it: the agent gets
-# create/get/update/consume on subscriptions at project level (Pub/Sub checks create there), and
-# may attach subscriptions to the node-tasks topic only, so it cannot tap the command stream.
-# topics.create is there because the agent's start calls ensure_topic (a no-op on existing
-# topics that still needs the permission); both go away if the controller makes the
-# subscription and grants subscriber on it instead (see docs/deploy.md).
-resource "google_project_iam_custom_role" "node_agent_subscriptions" {
+# Node channels (shared/adapters/node_channels.py). The controller opens each deployment's channel,
+# the subscription tpuctl-node-<deployment> on the node-tasks topic filtered on
+# attributes.deployment_id, before it creates the deployment's node; grants the TPU VM account
+# roles/pubsub.subscriber on that subscription alone; and deletes it once the deployment is DELETED.
+# So a VM can read its own deployment's tasks and nothing else: not another node's channel, not a
+# dead-letter queue, not a push subscription of the functions.
+#
+# The channel appears at run time, so the managers' rights on subscriptions are project-level:
+# Pub/Sub checks subscriptions.create on the project, and it recognises no resource-name IAM
+# condition that could narrow delete/get/getIamPolicy/setIamPolicy to tpuctl-node-* (the resource
+# attributes of IAM Conditions cover Pub/Sub Lite, not Pub/Sub). What a manager may attach to is
+# narrowed: pubsub.topics.attachSubscription is bound on the node-tasks topic only, so it can
+# create subscriptions there and nowhere else. The only manager is the provision function.
+resource "google_project_iam_custom_role" "node_channels" {
   project     = var.project_id
-  role_id     = "${replace(var.name_prefix, "-", "_")}NodeAgentSubscriptions"
-  title       = "tpuctl node agent subscriptions"
-  description = "Create, read, update and pull the node agent's own node-task subscription."
+  role_id     = "${replace(var.name_prefix, "-", "_")}NodeChannels"
+  title       = "tpuctl node channels"
+  description = "Create and delete each deployment's node-task subscription and grant its TPU VMs subscriber on it."
   permissions = [
-    "pubsub.subscriptions.consume",
     "pubsub.subscriptions.create",
+    "pubsub.subscriptions.delete",
     "pubsub.subscriptions.get",
-    "pubsub.subscriptions.update",
-    "pubsub.topics.create",
+    "pubsub.subscriptions.getIamPolicy",
+    "pubsub.subscriptions.setIamPolicy",
   ]
+}
+
+resource "google_project_iam_member" "node_channel_managers" {
+  for_each = var.node_channel_managers
+
+  project = var.project_id
+  role    = google_project_iam_custom_role.node_channels.id
+  member  = each.value
 }
 
 resource "google_project_iam_custom_role" "topic_attach" {
@@ -74,17 +89,13 @@ resource "google_project_iam_custom_role" "topic_attach" {
   permissions = ["pubsub.topics.attachSubscription"]
 }
 
-resource "google_project_iam_member" "tpu_vm_node_agent_subscriptions" {
-  project = var.project_id
-  role    = google_project_iam_custom_role.node_agent_subscriptions.id
-  member  = "serviceAccount:${google_service_account.tpu_vm.email}"
-}
+resource "google_pubsub_topic_iam_member" "node_channel_attach" {
+  for_each = var.node_channel_managers
 
-resource "google_pubsub_topic_iam_member" "tpu_vm_attach_node_tasks" {
   project = var.project_id
   topic   = var.node_tasks_topic
   role    = google_project_iam_custom_role.topic_attach.id
-  member  = "serviceAccount:${google_service_account.tpu_vm.email}"
+  member  = each.value
 }
 
 # Creating a TPU VM that runs as tpu_vm needs actAs on that one account, not project-wide.

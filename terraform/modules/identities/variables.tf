@@ -20,13 +20,24 @@ variable "events_topic" {
 }
 
 variable "node_tasks_topic" {
-  description = "Topic id the node agents subscribe to (their subscriptions may attach to it only)."
+  description = "Topic id of the node tasks: node channels (one subscription per deployment) attach to it only."
   type        = string
 }
 
 variable "source_bucket" {
   description = "Bucket whose node-agent/ prefix the TPU VM may read."
   type        = string
+}
+
+variable "node_channel_managers" {
+  description = "IAM members that open and close node channels (the provision function), keyed by a static name."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for m in values(var.node_channel_managers) : can(regex("^serviceAccount:.+", m))])
+    error_message = "node_channel_managers: only service accounts (the controller's) manage node channels."
+  }
 }
 
 variable "tpu_vm_users" {
