@@ -19,7 +19,7 @@ import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from localcloud.invariants import InvariantReport, check_invariants, commands_applied
 from localcloud.progress import ProgressTracker, hunt_summary
@@ -45,6 +45,10 @@ class Gateway(Protocol):
     """The gateway capabilities the demo uses (``GatewayCore`` has them all)."""
 
     def save_hf_token(self, token: str, *, confirm: str | None = None) -> Any: ...
+
+    def hf_token_confirmation(self, token: str) -> Any: ...
+
+    def request_confirmation(self, action: Literal["delete"], deployment_id: str) -> Any: ...
 
     def create_deployment(
         self,
@@ -130,7 +134,8 @@ class LocalDemo:
         """Store an HF-token-shaped canary through the gateway: the secrets scan proves it never leaks."""
         alphabet = string.ascii_letters + string.digits
         self.hf_token_canary = "hf_" + "".join(secrets.choice(alphabet) for _ in range(34))
-        saved = self.gateway.save_hf_token(self.hf_token_canary, confirm="tpuctl-hf-token")
+        replacing = self.gateway.hf_token_confirmation(self.hf_token_canary)  # None unless another token is stored
+        saved = self.gateway.save_hf_token(self.hf_token_canary, confirm=replacing.confirm if replacing else None)
         self._keep("save_hf_token", saved)
 
     def deploy(self) -> str:
@@ -254,7 +259,8 @@ class LocalDemo:
 
     def teardown(self, timeout_s: float) -> None:
         """``deployment.delete`` through the gateway; wait for DELETED and for the slices to be gone."""
-        accepted = self.gateway.delete_deployment(self.spec.deployment_id, confirm=self.spec.deployment_id)
+        confirmation = self.gateway.request_confirmation("delete", self.spec.deployment_id)  # the demo is its user
+        accepted = self.gateway.delete_deployment(self.spec.deployment_id, confirm=confirmation.confirm)
         self._keep("delete_deployment", accepted)
         self.command_ids.append(accepted.command_id)
         self.mark("deployment.delete published")

@@ -1,8 +1,12 @@
 """``tpuctl``: the human CLI on the same core as the MCP gateway.
 
 Data goes to stdout (rich tables, or JSON with ``--format json``); progress, prompts and errors go to
-stderr. ``--quiet`` turns off progress and prompts (a command that needs confirmation then fails) and prints
-only ids for commands. Exit codes, for scripts:
+stderr. ``--quiet`` turns off progress and prompts (a command that needs confirmation then fails unless
+``--yes`` is given) and prints only ids for commands. Destructive commands (delete, stop, restart, replacing
+the Hugging Face token) show their impact and ask for the target's name on a terminal; ``--yes`` (or
+``--confirm NAME``) confirms without a prompt. Either way the CLI obtains the core's confirmation token and
+uses it in the same invocation. Every argument is checked by the core (``bounds``), so a value out of range
+ends in one line naming the field and the fix, with exit 2. Exit codes, for scripts:
 
 ====  ===========================================================================
 0     done
@@ -22,6 +26,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import math
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayCore, GatewayError, GatewayPorts
 from mcp_client_gateway.models import (
     BenchmarkComparison,
@@ -364,17 +371,41 @@ def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, pol
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _confirm(args: argparse.Namespace, out: Output, expected: str, what: str) -> str | None:
-    """The confirmation to pass to the core: --confirm, or typed at a prompt when interactive."""
+def _confirmed(request: ConfirmationRequest, args: argparse.Namespace, out: Output) -> str:
+    """The core's confirmation token, once the person at the terminal agreed: ``--yes``, ``--confirm NAME``
+    (the target's name, as they would type it), or the name typed at the prompt under the impact."""
+    target = request.target
+    if getattr(args, "yes", False):
+        return request.confirm
     if args.confirm is not None:
-        return str(args.confirm)
+        if args.confirm == target:
+            return request.confirm
+        raise GatewayError(
+            "confirmation_required",
+            "--confirm",
+            f"does not name '{target}'; nothing was changed",
+            f"pass --confirm {target}, or --yes",
+        )
     if not out.interactive:
-        return None
-    out.err.print(Text(f"{what}. Type '{expected}' to confirm: "), end="")
+        raise GatewayError(
+            "confirmation_required",
+            "--yes",
+            f"{request.impact}; nothing was changed",
+            f"run it on a terminal to be asked, or pass --yes (or --confirm {target}) to confirm",
+        )
+    out.err.print(Text(f"{request.impact}. Type '{target}' to confirm: "), end="")
     try:
-        return input().strip()
+        typed = input().strip()
     except EOFError:
-        return None
+        typed = ""
+    if typed != target:
+        raise GatewayError(
+            "confirmation_required",
+            "confirm",
+            f"what was typed is not '{target}'; nothing was changed",
+            f"run the command again and type '{target}', or pass --yes",
+        )
+    return request.confirm
 
 
 def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
@@ -407,8 +438,8 @@ def cmd_status(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_delete(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    what = core.confirmation_text("delete", args.deployment_id)
-    accepted = core.delete_deployment(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    token = _confirmed(core.request_confirmation("delete", args.deployment_id), args, out)
+    accepted = core.delete_deployment(args.deployment_id, confirm=token)
     out.data(accepted, render_accepted)
     if args.wait:
         return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
@@ -416,15 +447,15 @@ def cmd_delete(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_stop(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    what = core.confirmation_text("stop", args.deployment_id)
-    accepted = core.stop_deployment(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    token = _confirmed(core.request_confirmation("stop", args.deployment_id), args, out)
+    accepted = core.stop_deployment(args.deployment_id, confirm=token)
     out.data(accepted, render_accepted)
     return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
 
 
 def cmd_restart(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    what = core.confirmation_text("restart", args.deployment_id)
-    accepted = core.restart_serving(args.deployment_id, confirm=_confirm(args, out, args.deployment_id, what))
+    token = _confirmed(core.request_confirmation("restart", args.deployment_id), args, out)
+    accepted = core.restart_serving(args.deployment_id, confirm=token)
     out.data(accepted, render_accepted)
     return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
 
@@ -546,16 +577,28 @@ def cmd_token_set(core: GatewayCore, args: argparse.Namespace, out: Output) -> i
         raise _Usage("token set: pipe the token on stdin when --quiet is given")
     else:
         token = getpass.getpass("Hugging Face token (hidden): ", stream=out.stderr).strip()
-    confirm = args.confirm
-    if confirm is None and core.hf_token_exists() and out.interactive:
-        name = core.settings.hf_token_secret
-        out.err.print(Text(f"A token is already stored in '{name}'. Type '{name}' to replace it: "), end="")
-        confirm = input().strip()
+    request = core.hf_token_confirmation(token)  # None unless a different token is stored
+    confirm = _confirmed(request, args, out) if request is not None else None
     out.data(core.save_hf_token(token, confirm=confirm), render_secret)
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- parser
+
+
+def _seconds(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds from ``minimum`` to a week (--timeout, --poll-seconds)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give a number of seconds, e.g. 30") from None
+        if not math.isfinite(value) or not minimum <= value <= 604800:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give seconds from {minimum:g} to 604800 (a week)")
+        return value
+
+    return parse
 
 
 def _csv_ints(text: str) -> list[int]:
@@ -596,8 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     waiting = argparse.ArgumentParser(add_help=False)
     waiting.add_argument("--wait", action="store_true", help="follow progress until done (Ctrl-C detaches)")
-    waiting.add_argument("--timeout", type=float, default=3600.0, help="give up waiting after this many seconds")
-    waiting.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+    waiting.add_argument("--timeout", type=_seconds(0), default=3600.0, help="give up waiting after this many seconds")
+    waiting.add_argument("--poll-seconds", type=_seconds(0.01), default=2.0, help=argparse.SUPPRESS)
 
     parser = argparse.ArgumentParser(
         prog="tpuctl",
@@ -634,7 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         destructive = sub.add_parser(name, parents=[common, waiting], help=text)
         destructive.add_argument("deployment_id")
-        destructive.add_argument("--confirm", metavar="DEPLOYMENT_ID", help="confirm without a prompt")
+        destructive.add_argument("--yes", "-y", action="store_true", help="confirm without a prompt")
+        destructive.add_argument(
+            "--confirm", metavar="DEPLOYMENT_ID", help="confirm without a prompt by naming the deployment again"
+        )
         destructive.set_defaults(handler=handler)
 
     start = sub.add_parser("start", parents=[common, waiting], help="start a stopped deployment")
@@ -686,8 +732,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tail", type=int, metavar="N", help="fetch the newest N lines of the vLLM container from the node (1-500)"
     )
     logs.add_argument("--task-id", help="read the answer of an earlier --tail that had not arrived")
-    logs.add_argument("--timeout", type=float, default=30.0, help="with --tail: wait this long for the node")
-    logs.add_argument("--poll-seconds", type=float, default=1.0, help=argparse.SUPPRESS)
+    logs.add_argument("--timeout", type=_seconds(0), default=30.0, help="with --tail: wait this long for the node")
+    logs.add_argument("--poll-seconds", type=_seconds(0.01), default=1.0, help=argparse.SUPPRESS)
     logs.set_defaults(handler=cmd_logs)
 
     bench = sub.add_parser("bench", parents=[common], help="run, show and compare benchmarks")
@@ -717,7 +763,10 @@ def build_parser() -> argparse.ArgumentParser:
     token = sub.add_parser("token", parents=[common], help="store the Hugging Face token")
     token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     token_set = token_sub.add_parser("set", parents=[common], help="read it from stdin or a hidden prompt")
-    token_set.add_argument("--confirm", metavar="SECRET_NAME", help="replace a stored token without a prompt")
+    token_set.add_argument("--yes", "-y", action="store_true", help="replace a stored token without a prompt")
+    token_set.add_argument(
+        "--confirm", metavar="SECRET_NAME", help="replace a stored token without a prompt by naming its secret"
+    )
     token_set.set_defaults(handler=cmd_token_set)
     return parser
 
@@ -750,7 +799,7 @@ def run(
     try:
         return int(args.handler(core, args, out))
     except GatewayError as exc:
-        out.err.print(Text(f"error: {exc.render()}"))
+        out.err.print(Text(f"error: {_cli_error(exc, args)}"))
         return EXIT_CODES.get(exc.code, EXIT_ERROR)
     except _Usage as exc:
         out.err.print(Text(f"error: {exc}"))
@@ -765,6 +814,34 @@ def run(
     finally:
         if owned:
             ports.close()
+
+
+# Core fields whose flag is not simply --field-name.
+_FLAG_OF = {
+    "lines": "--tail",
+    "min_severity": "--severity",
+    "system_prompt": "--system",
+    "zones": "--zone",
+    "tiers": "--tier",
+}
+_POSITIONAL = frozenset({"deployment_id", "run_id", "prompt"})
+
+
+def _cli_error(exc: GatewayError, args: argparse.Namespace) -> str:
+    """The core's one-line error with its field named as this command's flag (``minutes`` is ``--minutes``)."""
+    field = exc.field
+    given = vars(args)
+    if field == "deployment_id" and "deployment" in given and "deployment_id" not in given:
+        flag = "--deployment"  # bench compare names it so
+    elif field in _FLAG_OF and _FLAG_OF[field].removeprefix("--").replace("-", "_") in given:
+        flag = _FLAG_OF[field]
+    elif field is not None and field not in _POSITIONAL and field in given:
+        flag = "--" + field.replace("_", "-")
+    else:
+        return exc.render()
+    assert field is not None
+    fix = re.sub(rf"\b{re.escape(field)}\b", flag, exc.fix)
+    return GatewayError(exc.code, flag, exc.problem, fix, retry_after_s=exc.retry_after_s).render()
 
 
 def _serve_mcp(args: argparse.Namespace) -> int:

@@ -7,8 +7,13 @@ Rules it keeps (DESIGN.md §1, reliability-security.md §10):
   ``gcloud compute start-iap-tunnel`` (argv only, checked values, no secret) and hands back a loopback URL.
 - Commands are validated with the wire models (``decode_message``), published with the deployment id as
   ordering key, and answered at once with the ``command_id``; the controller does the work.
-- Destructive commands (delete, stop, restart, overwriting the HF token) need ``confirm`` equal to the
-  target's name: the server asks the user (elicitation) or the caller passes it after asking.
+- Destructive commands (delete, stop, restart, overwriting the HF token) need ``confirm``: a token this
+  gateway issued for that action on that target in its current state (``confirmation``). A call without one
+  is refused, changes nothing, and its refusal carries the impact and a fresh token; the caller shows the
+  impact to the user and passes the token once they agree (the MCP server mints it itself after an accepted
+  elicitation; the CLI after its prompt or ``--yes``).
+- Every argument is checked here against ``bounds`` (finite numbers in range, bounded strings, ids matching
+  their pattern, closed sets), so the CLI gets the MCP schema's limits and the same clean errors.
 - A problem the caller can fix raises :class:`GatewayError` naming the field and the fix; secrets are never
   returned, logged or put into an error.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -24,8 +30,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from mcp_client_gateway import bounds
+from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
+from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import (
     ArtifactsView,
@@ -69,7 +78,8 @@ from shared.domain.catalog import ACCELERATORS
 from shared.domain.cloud import accelerator_family
 from shared.domain.errors import CloudError, ControllerError, ErrorClass, InvalidMessage, PermanentError
 from shared.domain.models import (
-    DEPLOYMENT_ID_PATTERN,
+    ACCELERATOR_TYPES,
+    MODEL_PRESET_NAMES,
     BenchmarkRun,
     BootProgress,
     DeploymentRecord,
@@ -94,7 +104,6 @@ from shared.domain.quota import (
 from shared.domain.zone_memory import blocking_entry, is_active
 from shared.logging import redact, register_secret
 from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
-from shared.messages.contracts import UUID_PATTERN
 from shared.ports import (
     Clock,
     CommandBus,
@@ -119,7 +128,7 @@ from shared.wiring import serving_environment
 if TYPE_CHECKING:  # the serving plan pulls in the capacity, launch and manifest modules: loaded on first use
     from shared.domain.serving_plan import ServingPlan
 
-__all__ = ["V6E_ZONES", "GatewayCore", "GatewayError", "GatewayPorts", "deployment_stage"]
+__all__ = ["V6E_ZONES", "ConfirmationRequest", "GatewayCore", "GatewayError", "GatewayPorts", "deployment_stage"]
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +153,18 @@ V6E_ZONES: tuple[str, ...] = (
     "us-west1-c",
 )
 
-_DEPLOYMENT_ID = re.compile(DEPLOYMENT_ID_PATTERN)
-_COMMAND_ID = re.compile(UUID_PATTERN)
 _HF_TOKEN = re.compile(r"^hf_[A-Za-z0-9]{20,80}$")
+_TIERS: tuple[str, ...] = tuple(tier.value for tier in Tier)
+_PHASES: tuple[str, ...] = tuple(phase.value for phase in Phase)
+_SEVERITIES: tuple[str, ...] = get_args(LogSeverity)
+_SOURCES: tuple[str, ...] = get_args(LogSource)
+_KV_CACHE_DTYPES = ("auto", "fp8")
+_ARTIFACT_KINDS = ("startup_script", "gke_manifest", "both")
+_RESERVATION = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_BENCHMARK_KEYS = 32
+_BENCHMARK_LIST_ITEMS = 1000
+_BENCHMARK_TEXT_CHARS = 32768
+_DESTRUCTIVE: tuple[str, ...] = ("delete", "stop", "restart")
 _MAX_ATTEMPTS_SHOWN = 20
 _MAX_SAMPLES = 120
 _MAX_LOG_CHARS = 4096
@@ -196,35 +214,6 @@ _ANALYSIS_SYSTEM_PROMPT = (
 )
 
 
-class GatewayError(Exception):
-    """A problem the caller can act on: a code, the field at fault, what is wrong and how to fix it."""
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        field: str | None,
-        problem: str,
-        fix: str = "",
-        *,
-        retry_after_s: float | None = None,
-    ) -> None:
-        self.code = code
-        self.field = field
-        self.problem = problem
-        self.fix = fix
-        self.retry_after_s = retry_after_s
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        where = f"{self.field}: " if self.field else ""
-        text = f"[{self.code}] {where}{self.problem}"
-        if self.fix:
-            text += f". Fix: {self.fix}"
-        if self.retry_after_s is not None:
-            text += f" (retry after {self.retry_after_s:g} s)"
-        return text
-
-
 @dataclass
 class GatewayPorts:
     """What the gateway runs on. ``logs`` and ``model_client`` may be absent (those tools then say so);
@@ -268,6 +257,7 @@ class GatewayCore:
         self._published: OrderedDict[str, _Published] = OrderedDict()
         self._lock = threading.Lock()
         self._secrets_registered = False
+        self._confirmations = Confirmations(ports.clock)
         self.tail_wait_s = _TAIL_WAIT_S
         """How long tail_serving_logs waits for the node's answer (tests shorten it)."""
 
@@ -292,14 +282,34 @@ class GatewayCore:
         valid_until_minutes: int | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``."""
+        deployment_id = bounds.deployment_id(deployment_id)
+        model, accelerator, zones, tiers = _slice_arguments(model, accelerator, zones, tiers)
+        hedge = _optional(bounds.integer, "hedge", hedge, bounds.HEDGE)
+        ttl_hours = _optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
+        budget_usd = _optional(bounds.number, "budget_usd", budget_usd, bounds.BUDGET_USD, low_open=True)
+        idle_minutes = _optional(bounds.integer, "idle_minutes", idle_minutes, bounds.IDLE_MINUTES)
+        max_model_len = _optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
+        kv_cache_dtype = _optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, _KV_CACHE_DTYPES)
+        valid_until_minutes = _optional(
+            bounds.integer, "valid_until_minutes", valid_until_minutes, bounds.VALID_UNTIL_MINUTES
+        )
+        if reservation_name is not None:
+            reservation_name = bounds.text(
+                "reservation_name",
+                reservation_name,
+                max_chars=63,
+                pattern=_RESERVATION,
+                what="a reservation name",
+                fix="the reservation's name: lower-case letters, digits and '-', up to 63 characters",
+            )
         spec: dict[str, Any] = {
             "deployment_id": deployment_id,
             "model": model,
             "accelerator": accelerator,
-            "zones": list(zones),
+            "zones": zones,
         }
         optional = {
-            "tiers": list(tiers) if tiers else None,
+            "tiers": tiers or None,
             "hedge": hedge,
             "ttl_hours": ttl_hours,
             "budget_usd": budget_usd,
@@ -342,46 +352,40 @@ class GatewayCore:
 
     def confirmation_text(self, action: Literal["delete", "stop", "restart"], deployment_id: str) -> str:
         """What a destructive action will do to this deployment, for the user to confirm (raises when it cannot run)."""
+        action = bounds.choice("action", action, _DESTRUCTIVE)  # type: ignore[assignment]
+        return self._impact(action, self._record(deployment_id))
+
+    def request_confirmation(
+        self, action: Literal["delete", "stop", "restart"], deployment_id: str
+    ) -> ConfirmationRequest:
+        """The impact of a destructive action and the short-lived token that confirms exactly it; changes nothing.
+
+        For callers that ask the user themselves (the CLI's prompt, the MCP server after an accepted
+        elicitation). Raises like the action would when it cannot run (not found, no node to restart).
+        """
+        action = bounds.choice("action", action, _DESTRUCTIVE)  # type: ignore[assignment]
         record = self._record(deployment_id)
-        if action == "delete":
-            hourly = self._hourly_usd(record)
-            cost = f", about ${hourly:.2f}/h" if hourly else ""
-            count = len(record.status.resources)
-            return (
-                f"deleting '{deployment_id}' force-deletes its {count} TPU resource(s){cost} and its record; "
-                "it cannot be undone"
-            )
-        if record.desired is Desired.ABSENT:
-            raise GatewayError("failed_precondition", "deployment_id", f"'{deployment_id}' is being deleted", "")
-        if action == "stop":
-            return (
-                f"stopping '{deployment_id}' releases its TPU (phase {record.status.phase.value}); serving stops and "
-                "a later start has to find capacity again"
-            )
-        if record.status.phase not in _ENDPOINT_PHASES:
-            raise GatewayError(
-                "failed_precondition",
-                "deployment_id",
-                f"'{deployment_id}' has no running node (phase {record.status.phase.value})",
-                "restart works once the node is up (BOOTING or later); see tpu_get_deployment",
-            )
-        return (
-            f"restarting vLLM on '{deployment_id}' drops in-flight requests and serving pauses until the model "
-            "is loaded again"
+        return self._confirmations.issue(
+            action,
+            record.deployment_id,
+            self._deployment_state(record),
+            self._impact(action, record),
+            generation=record.generation,
         )
 
     def delete_deployment(self, deployment_id: str, *, confirm: str | None) -> CommandAccepted:
-        """Publish ``deployment.delete`` once ``confirm`` names the deployment."""
-        self._confirm(confirm, deployment_id, self.confirmation_text("delete", deployment_id))
+        """Publish ``deployment.delete`` once ``confirm`` is a token for deleting this deployment as it is now."""
         record = self._record(deployment_id)
+        self._confirm_deployment(confirm, "delete", record)
         message = self._validated(
             {"kind": "deployment.delete", "deployment_id": deployment_id, "expected_generation": record.generation}
         )
         return self._publish(message, "Poll tpu_get_operation; deletion is done when the phase is DELETED.")
 
     def stop_deployment(self, deployment_id: str, *, confirm: str | None) -> CommandAccepted:
-        """Publish ``deployment.stop``: release the TPU, keep the record (start brings it back)."""
-        self._confirm(confirm, deployment_id, self.confirmation_text("stop", deployment_id))
+        """Publish ``deployment.stop``: release the TPU, keep the record (start brings it back). Confirmed."""
+        record = self._record(deployment_id)
+        self._confirm_deployment(confirm, "stop", record)
         message = self._validated({"kind": "deployment.stop", "deployment_id": deployment_id})
         return self._publish(message, "Poll tpu_get_operation; stopped when the phase is STOPPED.")
 
@@ -401,8 +405,10 @@ class GatewayCore:
     def restart_serving(
         self, deployment_id: str, *, confirm: str | None, reason: str = "user_request"
     ) -> CommandAccepted:
-        """Publish ``serving.restart``: the node restarts the vLLM container (in-flight requests fail)."""
-        self._confirm(confirm, deployment_id, self.confirmation_text("restart", deployment_id))
+        """Publish ``serving.restart``: the node restarts the vLLM container (in-flight requests fail). Confirmed."""
+        reason = bounds.text("reason", reason, max_chars=200, min_chars=0, fix="a short reason, e.g. user_request")
+        record = self._record(deployment_id)
+        self._confirm_deployment(confirm, "restart", record)
         message = self._validated({"kind": "serving.restart", "deployment_id": deployment_id, "reason": reason})
         return self._publish(message, "Poll tpu_get_operation; serving resumes when the phase is SERVING again.")
 
@@ -412,6 +418,10 @@ class GatewayCore:
         self, *, include_deleted: bool = False, phase: str | None = None, offset: int = 0, limit: int = 20
     ) -> DeploymentList:
         """Deployments newest first, with the resources the controller last observed."""
+        include_deleted = bounds.flag("include_deleted", include_deleted)
+        phase = _optional(bounds.choice, "phase", phase, _PHASES)
+        offset = bounds.integer("offset", offset, bounds.LIST_OFFSET)
+        limit = bounds.integer("limit", limit, bounds.LIST_LIMIT)
         records = self.ports.store.list_deployments(include_deleted=include_deleted)
         if phase is not None:
             records = [r for r in records if r.status.phase.value == phase]
@@ -473,10 +483,7 @@ class GatewayCore:
 
     def get_operation(self, command_id: str) -> OperationView:
         """Where a command is: on the bus, in the ledger, and the phase of its deployment."""
-        if not _COMMAND_ID.match(command_id or ""):
-            raise GatewayError(
-                "invalid_argument", "command_id", "is not a command id", "pass the command_id a tool returned"
-            )
+        command_id = bounds.command_id(command_id)
         ledger = self.ports.store.get_command(command_id)
         with self._lock:
             published = self._published.get(command_id)
@@ -553,6 +560,9 @@ class GatewayCore:
 
     def list_zones(self, *, accelerator: str = "v6e-4", tier: str | None = None, live_quota: bool = True) -> ZonesView:
         """Zones with slice prices per tier, what the capacity search remembers, and (live) the quota headroom."""
+        accelerator = bounds.choice("accelerator", accelerator, ACCELERATOR_TYPES)
+        tier = _optional(bounds.choice, "tier", tier, _TIERS)
+        live_quota = bounds.flag("live_quota", live_quota)
         chips = _chips(accelerator)
         family = accelerator_family(accelerator)
         now = self.ports.clock.now()
@@ -673,12 +683,27 @@ class GatewayCore:
         tokens_per_second: float | None = None,
     ) -> PlanView:
         """Capacity verdict and HBM table, the vLLM launch, and prices per region and tier (read-only)."""
+        model, accelerator, zones, tiers = _slice_arguments(model, accelerator, zones, tiers)
+        max_model_len = _optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
+        kv_cache_dtype = _optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, _KV_CACHE_DTYPES)
+        gpu_memory_utilization = _optional(
+            bounds.number, "gpu_memory_utilization", gpu_memory_utilization, bounds.GPU_MEMORY_UTILIZATION
+        )
+        ttl_hours = _optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
+        tokens_per_second = _optional(
+            bounds.number,
+            "tokens_per_second",
+            tokens_per_second,
+            bounds.TOKENS_PER_SECOND,
+            low_open=True,
+            fix="pass the measured output throughput in tokens per second (above 0)",
+        )
         spec = self._spec(
             "plan-preview",
             model=model,
             accelerator=accelerator,
             zones=zones,
-            tiers=tiers,
+            tiers=tiers or None,
             ttl_hours=ttl_hours,
             serving={
                 "max_model_len": max_model_len,
@@ -756,6 +781,9 @@ class GatewayCore:
         kind: Literal["startup_script", "gke_manifest", "both"] = "both",
     ) -> ArtifactsView:
         """The startup script and GKE manifest of a stored deployment (or of a model on a slice)."""
+        kind = bounds.choice("kind", kind, _ARTIFACT_KINDS)  # type: ignore[assignment]
+        model = _optional(bounds.choice, "model", model, MODEL_PRESET_NAMES)
+        accelerator = _optional(bounds.choice, "accelerator", accelerator, ACCELERATOR_TYPES)
         if deployment_id is not None:
             spec = self._record(deployment_id).spec
         elif model and accelerator:
@@ -791,9 +819,17 @@ class GatewayCore:
         system_prompt: str | None = None,
     ) -> QueryResult:
         """One streamed chat completion, timed: TTFT at the first content chunk, tokens from usage."""
-        record = self._serving(deployment_id)
+        deployment_id = bounds.deployment_id(deployment_id)
+        prompt = bounds.text("prompt", prompt, max_chars=bounds.PROMPT_CHARS, min_chars=0)
+        max_tokens = bounds.integer("max_tokens", max_tokens, bounds.MAX_TOKENS)
+        temperature = bounds.number("temperature", temperature, bounds.TEMPERATURE)
+        if system_prompt is not None:
+            system_prompt = bounds.text(
+                "system_prompt", system_prompt, max_chars=bounds.SYSTEM_PROMPT_CHARS, min_chars=0
+            )
         if not prompt.strip():
             raise GatewayError("invalid_argument", "prompt", "is empty", "give the question to ask the model")
+        record = self._serving(deployment_id)
         self._register_known_secrets()
         messages: list[tuple[str, str]] = []
         if system_prompt:
@@ -888,6 +924,7 @@ class GatewayCore:
 
     def get_metrics(self, deployment_id: str, *, window_minutes: int = 60) -> MetricsView:
         """The latest SLIs and the samples of a window, with window averages."""
+        window_minutes = bounds.integer("window_minutes", window_minutes, bounds.WINDOW_MINUTES)
         record = self._record(deployment_id, include_deleted=True)
         since = self.ports.clock.now() - timedelta(minutes=window_minutes)
         samples = self.ports.store.list_samples(deployment_id, since=since, limit=_MAX_SAMPLES)
@@ -917,10 +954,12 @@ class GatewayCore:
         max_chars: int = _MAX_LOG_CHARS,
     ) -> LogsView:
         """Recent log lines, bounded, sanitised and labelled as untrusted."""
-        if deployment_id is not None and not _DEPLOYMENT_ID.match(deployment_id):
-            raise GatewayError(
-                "invalid_argument", "deployment_id", "is not a deployment id", "lower-case letters, digits and '-'"
-            )
+        deployment_id = None if deployment_id is None else bounds.deployment_id(deployment_id)
+        source = bounds.choice("source", source, _SOURCES)  # type: ignore[assignment]
+        min_severity = bounds.choice("min_severity", min_severity, _SEVERITIES)  # type: ignore[assignment]
+        minutes = bounds.integer("minutes", minutes, bounds.LOG_MINUTES)
+        limit = bounds.integer("limit", limit, bounds.LOG_LIMIT)
+        max_chars = bounds.integer("max_chars", max_chars, bounds.LOG_MAX_CHARS)
         reader = self.ports.logs
         if reader is None:
             raise GatewayError("unavailable", None, "no log reader is configured for this back end", "")
@@ -946,6 +985,9 @@ class GatewayCore:
         self, deployment_id: str, *, minutes: int = 60, min_severity: LogSeverity = "WARNING"
     ) -> LogAnalysis:
         """The deployed model summarises recent logs, which it receives as quoted data, never as instructions."""
+        deployment_id = bounds.deployment_id(deployment_id)
+        minutes = bounds.integer("minutes", minutes, bounds.ANALYZE_MINUTES)
+        min_severity = bounds.choice("min_severity", min_severity, _SEVERITIES)  # type: ignore[assignment]
         record = self._serving(deployment_id)
         logs = self.get_logs(
             deployment_id=deployment_id,
@@ -995,6 +1037,10 @@ class GatewayCore:
     def tail_serving_logs(self, deployment_id: str, *, lines: int = 100, task_id: str | None = None) -> ServingLogsView:
         """Ask the node for the vLLM container's newest log lines and wait a few seconds for the answer;
         with ``task_id``, read the answer to an earlier ask instead (nothing is published)."""
+        deployment_id = bounds.deployment_id(deployment_id)
+        lines = bounds.integer("lines", lines, bounds.TAIL_LINES)
+        if task_id is not None:
+            task_id = bounds.command_id(task_id, "task_id", fix="pass the task_id tpu_tail_serving_logs returned")
         self._register_known_secrets()
         if task_id is not None:
             return self._read_tail(deployment_id, task_id)
@@ -1012,10 +1058,6 @@ class GatewayCore:
         return _serving_logs_view(deployment_id, message.command_id, task, requested_at=accepted.published_at)
 
     def _read_tail(self, deployment_id: str, task_id: str) -> ServingLogsView:
-        if not _COMMAND_ID.match(task_id):
-            raise GatewayError(
-                "invalid_argument", "task_id", "is not a task id", "pass the task_id tpu_tail_serving_logs returned"
-            )
         task = self._node_task(task_id)
         if task is None:
             with self._lock:
@@ -1047,6 +1089,9 @@ class GatewayCore:
         command_id: str | None = None,
     ) -> CommandAccepted:
         """Publish ``benchmark.run``; the command id is the run id."""
+        deployment_id = bounds.deployment_id(deployment_id)
+        if benchmark is not None:
+            _check_benchmark(benchmark)
         command_id = self._command_id(command_id)
         duplicate = self._duplicate(command_id, "benchmark.run", deployment_id)
         if duplicate is not None:
@@ -1067,10 +1112,7 @@ class GatewayCore:
 
     def get_benchmark(self, run_id: str) -> BenchmarkView:
         """One run with its result and the change from the previous run of the same deployment."""
-        if not _COMMAND_ID.match(run_id or ""):
-            raise GatewayError(
-                "invalid_argument", "run_id", "is not a run id", "pass the command_id tpu_run_benchmark returned"
-            )
+        run_id = bounds.command_id(run_id, "run_id", fix="pass the command_id tpu_run_benchmark returned")
         run = self.ports.store.get_benchmark_run(run_id)
         if run is None:
             with self._lock:
@@ -1119,6 +1161,9 @@ class GatewayCore:
         self, *, deployment_id: str | None = None, model: str | None = None, limit: int = 20
     ) -> BenchmarkComparison:
         """Runs side by side, newest first, with the best run per headline metric."""
+        deployment_id = None if deployment_id is None else bounds.deployment_id(deployment_id)
+        model = _optional(bounds.choice, "model", model, MODEL_PRESET_NAMES)
+        limit = bounds.integer("limit", limit, bounds.COMPARE_LIMIT)
         runs = self.ports.store.list_benchmark_runs(deployment_id, limit=200)
         rows = [_benchmark_row(run) for run in runs]
         if model is not None:
@@ -1139,23 +1184,38 @@ class GatewayCore:
         """Whether a Hugging Face token is stored (its value is read only to register it for redaction)."""
         return self.ports.secrets.get(self.settings.hf_token_secret) is not None
 
+    def hf_token_confirmation(self, token: str) -> ConfirmationRequest | None:
+        """The confirmation saving ``token`` needs (it replaces a different stored one), or None; changes nothing."""
+        token = _hf_token(token)
+        name = self.settings.hf_token_secret
+        existing = self.ports.secrets.get(name)
+        if existing is None or existing == token:
+            return None
+        return self._confirmations.issue(
+            "replace_hf_token", name, self._secret_state(existing, token), _replace_impact(name)
+        )
+
     def save_hf_token(self, token: str, *, confirm: str | None = None) -> SecretSaved:
-        """Store the Hugging Face token as a new secret version; overwriting one needs ``confirm``."""
-        token = token.strip()
-        if not _HF_TOKEN.match(token):
-            raise GatewayError(
-                "invalid_argument",
-                "token",
-                "does not look like a Hugging Face token (the value is not repeated here)",
-                "paste an access token from huggingface.co/settings/tokens: 'hf_' then 20-80 letters or digits",
-            )
+        """Store the Hugging Face token as a new secret version; replacing a different one needs ``confirm``,
+        a token from :meth:`hf_token_confirmation` (or from the refusal of an unconfirmed call)."""
+        token = _hf_token(token)
         register_secret(token)
         name = self.settings.hf_token_secret
         existing = self.ports.secrets.get(name)
         if existing is not None:
             if existing == token:
                 return SecretSaved(name=name, version="unchanged", replaced=False)
-            self._confirm(confirm, name, f"a Hugging Face token is already stored in '{name}'; saving replaces it")
+            state = self._secret_state(existing, token)
+            if confirm is None or confirm == "":
+                request = self._confirmations.issue("replace_hf_token", name, state, _replace_impact(name))
+                raise self._confirmations.refusal(request)
+            self._confirmations.check(
+                confirm,
+                "replace_hf_token",
+                name,
+                state,
+                changed="the stored token, or the token to save, is not the one confirmed",
+            )
         try:
             version = self.ports.secrets.put(name, token)
         except InvalidMessage as exc:
@@ -1247,11 +1307,7 @@ class GatewayCore:
     def _command_id(self, command_id: str | None) -> str:
         if command_id is None:
             return new_command_id()
-        if not _COMMAND_ID.match(command_id):
-            raise GatewayError(
-                "invalid_argument", "command_id", "is not a lower-case UUID", "omit it, or reuse one a tool returned"
-            )
-        return command_id
+        return bounds.command_id(command_id, fix="omit it, or reuse one a tool returned")
 
     def _duplicate(self, command_id: str, kind: str, deployment_id: str) -> CommandAccepted | None:
         """A retried command whose first delivery the controller already recorded: report it, publish nothing."""
@@ -1276,31 +1332,69 @@ class GatewayCore:
             next_step="Already received by the controller; poll tpu_get_operation.",
         )
 
-    def _confirm(self, confirm: str | None, expected: str, impact: str) -> None:
-        if confirm == expected:
-            return
-        if confirm:
-            raise GatewayError(
-                "confirmation_required",
-                "confirm",
-                f"'{clean_text(confirm, limit=80)[0]}' does not match '{expected}'; nothing was changed",
-                f"pass confirm='{expected}' once the user has agreed",
+    def _impact(self, action: ConfirmAction, record: DeploymentRecord) -> str:
+        """What ``action`` will do to ``record``'s deployment; raises when it cannot run."""
+        deployment_id = record.deployment_id
+        if action == "delete":
+            hourly = self._hourly_usd(record)
+            cost = f", about ${hourly:.2f}/h" if hourly else ""
+            count = len(record.status.resources)
+            return (
+                f"deleting '{deployment_id}' force-deletes its {count} TPU resource(s){cost} and its record; "
+                "it cannot be undone"
             )
-        raise GatewayError(
-            "confirmation_required",
-            "confirm",
-            f"{impact}; nothing was changed",
-            f"ask the user, then call again with confirm='{expected}'",
+        if record.desired is Desired.ABSENT:
+            raise GatewayError("failed_precondition", "deployment_id", f"'{deployment_id}' is being deleted", "")
+        if action == "stop":
+            return (
+                f"stopping '{deployment_id}' releases its TPU (phase {record.status.phase.value}); serving stops and "
+                "a later start has to find capacity again"
+            )
+        if record.status.phase not in _ENDPOINT_PHASES:
+            raise GatewayError(
+                "failed_precondition",
+                "deployment_id",
+                f"'{deployment_id}' has no running node (phase {record.status.phase.value})",
+                "restart works once the node is up (BOOTING or later); see tpu_get_deployment",
+            )
+        return (
+            f"restarting vLLM on '{deployment_id}' drops in-flight requests and serving pauses until the model "
+            "is loaded again"
+        )
+
+    def _deployment_state(self, record: DeploymentRecord) -> str:
+        """What a confirmation of this deployment is bound to: its generation, desired state and incarnation
+        (not its status, which the controller rewrites every tick)."""
+        digest = self._confirmations.fingerprint(
+            str(record.generation), record.desired.value, record.created_at.isoformat()
+        )
+        return f"g{record.generation}-{digest}"
+
+    def _secret_state(self, existing: str, token: str) -> str:
+        return "s-" + self._confirmations.fingerprint(existing, token)
+
+    def _confirm_deployment(self, confirm: str | None, action: ConfirmAction, record: DeploymentRecord) -> None:
+        """Return only when ``confirm`` is a live token for ``action`` on this deployment as it is now.
+
+        Without one, raise the refusal that carries the impact and a fresh token (nothing was changed).
+        """
+        impact = self._impact(action, record)  # an action that cannot run is refused as such first
+        state = self._deployment_state(record)
+        if confirm is None or confirm == "":
+            request = self._confirmations.issue(
+                action, record.deployment_id, state, impact, generation=record.generation
+            )
+            raise self._confirmations.refusal(request)
+        self._confirmations.check(
+            confirm,
+            action,
+            record.deployment_id,
+            state,
+            changed=f"now generation {record.generation}, desired {record.desired.value}",
         )
 
     def _record(self, deployment_id: str, *, include_deleted: bool = False) -> DeploymentRecord:
-        if not isinstance(deployment_id, str) or not _DEPLOYMENT_ID.match(deployment_id):
-            raise GatewayError(
-                "invalid_argument",
-                "deployment_id",
-                "is not a deployment id",
-                "2-40 lower-case letters, digits or '-', starting with a letter; list them with tpu_list_deployments",
-            )
+        deployment_id = bounds.deployment_id(deployment_id)
         record = self.ports.store.get_deployment(deployment_id)
         if record is None or (not include_deleted and record.status.phase is Phase.DELETED):
             raise GatewayError(
@@ -1671,6 +1765,83 @@ def _serving_logs_view(
         finished_at=task.finished_at,
         next_step="See tpu_get_deployment for the node's state, then try again." if failed else "",
     )
+
+
+def _optional(check: Callable[..., Any], field: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+    """``check(field, value, ...)``, or None when the optional argument was not given."""
+    return None if value is None else check(field, value, *args, **kwargs)
+
+
+def _slice_arguments(
+    model: Any, accelerator: Any, zones: Any, tiers: Any
+) -> tuple[str, str, list[str], list[str] | None]:
+    """The model, slice, zones and tiers of a spec, checked (shared by create and plan)."""
+    return (
+        bounds.choice("model", model, MODEL_PRESET_NAMES),
+        bounds.choice("accelerator", accelerator, ACCELERATOR_TYPES),
+        bounds.text_list("zones", zones, max_items=bounds.MAX_ZONES, item=bounds.zone),
+        None
+        if tiers is None
+        else bounds.text_list(
+            "tiers",
+            tiers,
+            max_items=bounds.MAX_TIERS,
+            min_items=0,
+            item=lambda field, value: bounds.choice(field, value, _TIERS),
+        ),
+    )
+
+
+def _check_benchmark(benchmark: Any) -> None:
+    """A benchmark request's shape and sizes before the wire model checks its fields: an object of named
+    values, finite numbers, bounded text and lists (so NaN or a megabyte string never reach it)."""
+    if not isinstance(benchmark, dict):
+        raise GatewayError("invalid_argument", "benchmark", "must be an object", "pass the benchmark settings")
+    if len(benchmark) > _BENCHMARK_KEYS:
+        raise GatewayError("invalid_argument", "benchmark", "has too many settings", "see tpu_run_benchmark")
+
+    def check(field: str, value: Any, depth: int) -> None:
+        if value is None or isinstance(value, bool | int):
+            return
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise GatewayError("invalid_argument", field, f"must be a finite number, not {value}", "")
+            return
+        if isinstance(value, str):
+            bounds.text(field, value, max_chars=_BENCHMARK_TEXT_CHARS, min_chars=0)
+            return
+        if isinstance(value, list | tuple) and depth == 0:
+            if len(value) > _BENCHMARK_LIST_ITEMS:
+                raise GatewayError("invalid_argument", field, "has too many items", "see tpu_run_benchmark")
+            for index, item in enumerate(value):
+                check(f"{field}[{index}]", item, depth + 1)
+            return
+        raise GatewayError("invalid_argument", field, "is not a number, text or a list of these", "see the schema")
+
+    for key, value in benchmark.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", key):
+            raise GatewayError(
+                "invalid_argument", "benchmark", "has a setting that is not a field name", "see tpu_run_benchmark"
+            )
+        check(key, value, 0)
+
+
+def _hf_token(token: Any) -> str:
+    """A Hugging Face token's shape, checked without ever repeating the value."""
+    fix = "paste an access token from huggingface.co/settings/tokens: 'hf_' then 20-80 letters or digits"
+    token = bounds.text("token", token, max_chars=bounds.HF_TOKEN_CHARS, fix=fix).strip()
+    if not _HF_TOKEN.fullmatch(token):
+        raise GatewayError(
+            "invalid_argument",
+            "token",
+            "does not look like a Hugging Face token (the value is not repeated here)",
+            fix,
+        )
+    return token
+
+
+def _replace_impact(name: str) -> str:
+    return f"a Hugging Face token is already stored in '{name}'; saving replaces it"
 
 
 def _chips(accelerator: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -126,6 +127,16 @@ class GatewayWorld:
         while self.bus.pull(OBSERVER, keep, max_messages=100, timeout_s=0.0):
             pass
         return seen
+
+
+def refusal_confirmation(result: Any) -> dict[str, Any]:
+    """The confirmation request a destructive tool's refusal carries: its second text block, as JSON."""
+    assert result.is_error, "the call was not refused"
+    texts = [block.text for block in result.content if hasattr(block, "text")]
+    assert texts[0].startswith("[confirmation_required] confirm: "), texts[0]
+    body: dict[str, Any] = json.loads(texts[1])
+    assert f"confirm='{body['confirm']}'" in texts[0]  # the one-line error carries the same token
+    return body
 
 
 @pytest.fixture

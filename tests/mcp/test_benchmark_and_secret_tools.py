@@ -11,7 +11,7 @@ from mcp.types import ElicitResult
 
 from shared.domain.models import BenchmarkRun, Phase
 from shared.messages import RunBenchmark, new_command_id
-from tests.mcp.conftest import HF_TOKEN, GatewayWorld
+from tests.mcp.conftest import HF_TOKEN, GatewayWorld, refusal_confirmation
 
 pytestmark = pytest.mark.anyio
 
@@ -145,13 +145,17 @@ class TestHuggingFaceToken:
         world.secrets.put("tpuctl-hf-token", HF_TOKEN)
         replacement = "hf_" + "Replacement0123456789abcdefghij"
         refused = await call(world, "tpu_save_hf_token", {"token": replacement})
-        assert (
-            refused.is_error
-            and "[confirmation_required]" in text(refused)
-            and "confirm='tpuctl-hf-token'" in text(refused)
-        )
+        body = refusal_confirmation(refused)
+        assert body["action"] == "replace_hf_token" and body["target"] == "tpuctl-hf-token"
+        assert HF_TOKEN not in text(refused) and replacement not in text(refused)
         assert world.secrets.get("tpuctl-hf-token") == HF_TOKEN
-        done = await call(world, "tpu_save_hf_token", {"token": replacement, "confirm": "tpuctl-hf-token"})
+        by_name = await call(world, "tpu_save_hf_token", {"token": replacement, "confirm": "tpuctl-hf-token"})
+        assert by_name.is_error and "[confirmation_required] confirm" in text(by_name)
+        another = "hf_" + "Other0123456789abcdefghijkl"
+        other = await call(world, "tpu_save_hf_token", {"token": another, "confirm": body["confirm"]})
+        assert other.is_error and "is not the one confirmed" in text(other)
+        assert world.secrets.get("tpuctl-hf-token") == HF_TOKEN
+        done = await call(world, "tpu_save_hf_token", {"token": replacement, "confirm": body["confirm"]})
         assert not done.is_error and done.structured_content["replaced"] is True
         assert world.secrets.get("tpuctl-hf-token") == replacement
 

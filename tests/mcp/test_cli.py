@@ -17,10 +17,11 @@ from mcp_client_gateway.cli import (
     EXIT_REFUSED,
     EXIT_TIMEOUT,
     EXIT_USAGE,
+    Output,
     run,
 )
 from shared.domain.models import BenchmarkRun, CommandRecord, Phase
-from shared.messages import CreateDeployment, DeleteDeployment, RunBenchmark
+from shared.messages import CreateDeployment, DeleteDeployment, RunBenchmark, StopDeployment
 from tests.mcp.conftest import HF_TOKEN, GatewayWorld
 from tests.support.openai_stub import StubConfig, serve_openai_stub
 
@@ -149,6 +150,76 @@ class TestStatusAndDelete:
         assert outcome.code == EXIT_OK
         assert [type(m) for m in world.published()] == [DeleteDeployment]
 
+    def test_yes_confirms_in_one_invocation(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a")
+        outcome = tpuctl(world, "--quiet", "stop", "gemma-a", "--yes")
+        assert outcome.code == EXIT_OK, outcome.stderr
+        (message,) = world.published()
+        assert isinstance(message, StopDeployment) and message.command_id in outcome.stdout
+
+    def test_confirm_naming_another_deployment_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a")
+        outcome = tpuctl(world, "delete", "gemma-a", "--confirm", "gemma-b")
+        assert outcome.code == EXIT_REFUSED
+        assert "[confirmation_required] --confirm: does not name 'gemma-a'" in outcome.stderr
+        assert world.published() == []
+
+    def test_quiet_without_yes_is_refused_naming_the_flag(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a")
+        outcome = tpuctl(world, "--quiet", "delete", "gemma-a")
+        assert outcome.code == EXIT_REFUSED
+        assert "[confirmation_required] --yes: deleting 'gemma-a'" in outcome.stderr and "pass --yes" in outcome.stderr
+        assert world.published() == []
+
+    @pytest.mark.parametrize(("typed", "code"), [("gemma-a", EXIT_OK), ("yes", EXIT_REFUSED), ("", EXIT_REFUSED)])
+    def test_on_a_terminal_the_impact_is_shown_and_the_name_typed_confirms(
+        self, world: GatewayWorld, monkeypatch: pytest.MonkeyPatch, typed: str, code: int
+    ) -> None:
+        world.seed("gemma-a")
+        monkeypatch.setattr(Output, "interactive", property(lambda self: True))
+        monkeypatch.setattr("builtins.input", lambda: typed)
+        outcome = tpuctl(world, "delete", "gemma-a")
+        assert outcome.code == code, outcome.stderr
+        assert "force-deletes its 1 TPU resource(s)" in outcome.stderr and "Type 'gemma-a' to confirm" in outcome.stderr
+        assert [type(m) for m in world.published()] == ([DeleteDeployment] if code == EXIT_OK else [])
+
+
+class TestArgumentBounds:
+    """The core checks every argument, so the CLI ends a bad value with one line and exit 2, never a traceback."""
+
+    @pytest.mark.parametrize(
+        ("argv", "flag"),
+        [
+            (("logs", "gemma-a", "--minutes", "1000000000000"), "--minutes"),
+            (("plan", "--model", "gemma-4-e4b", "--tokens-per-second", "-1"), "--tokens-per-second"),
+            (("plan", "--model", "gemma-4-e4b", "--ttl-hours", "nan"), "--ttl-hours"),
+            (
+                ("deploy", "gemma-a", "--model", "tiny-llama", "--accelerator", "v6e-1", "--budget-usd", "inf"),
+                "--budget-usd",
+            ),
+            (("logs", "--limit", "-5"), "--limit"),
+            (("logs", "gemma-a", "--tail", "100000"), "--tail"),
+            (("query", "gemma-a", "hi", "--temperature", "9"), "--temperature"),
+            (("bench", "compare", "--deployment", "../../etc/passwd"), "--deployment"),
+            (("bench", "compare", "--limit", "0"), "--limit"),
+            (("status", "gemma-a;rm -rf /"), "deployment_id"),
+        ],
+    )
+    def test_a_bad_value_is_one_line_naming_the_field_and_the_fix(
+        self, world: GatewayWorld, argv: tuple[str, ...], flag: str
+    ) -> None:
+        outcome = tpuctl(world, *argv)
+        assert outcome.code == EXIT_USAGE, outcome.stderr
+        (line,) = outcome.stderr.strip().splitlines()
+        assert line.startswith(f"error: [invalid_argument] {flag}: ") and ". Fix: " in line
+        assert "Traceback" not in outcome.stderr
+        assert world.published() == []
+
+    def test_a_bad_wait_timeout_is_a_usage_error(self, world: GatewayWorld, capsys: pytest.CaptureFixture[str]) -> None:
+        outcome = tpuctl(world, *DEPLOY, "--wait", "--timeout", "nan")
+        assert outcome.code == EXIT_USAGE and "argument --timeout" in capsys.readouterr().err  # argparse's own line
+        assert world.published() == []
+
 
 class TestPlanZonesLogsQuery:
     def test_plan_exits_0_when_it_fits_and_4_when_it_does_not(self, world: GatewayWorld) -> None:
@@ -218,5 +289,17 @@ class TestBenchAndToken:
         world.secrets.put(world.settings.hf_token_secret, HF_TOKEN)
         monkeypatch.setattr("sys.stdin", io.StringIO("hf_Another0123456789abcdefghijk\n"))
         outcome = tpuctl(world, "token", "set")
-        assert outcome.code == EXIT_REFUSED
+        assert outcome.code == EXIT_REFUSED and "pass --yes" in outcome.stderr
         assert world.secrets.get(world.settings.hf_token_secret) == HF_TOKEN
+
+    @pytest.mark.parametrize("flags", [("--yes",), ("--confirm", "tpuctl-hf-token")])
+    def test_replacing_a_token_with_yes_or_its_name(
+        self, world: GatewayWorld, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
+    ) -> None:
+        world.secrets.put(world.settings.hf_token_secret, HF_TOKEN)
+        replacement = "hf_Another0123456789abcdefghijk"
+        monkeypatch.setattr("sys.stdin", io.StringIO(replacement + "\n"))
+        outcome = tpuctl(world, "token", "set", *flags)
+        assert outcome.code == EXIT_OK, outcome.stderr
+        assert world.secrets.get(world.settings.hf_token_secret) == replacement
+        assert replacement not in outcome.stdout + outcome.stderr

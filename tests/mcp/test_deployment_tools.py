@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from mcp import Client
 from mcp.types import ElicitResult
 
+from mcp_client_gateway.core import GatewayCore, GatewayError
+from mcp_client_gateway.server import build_server
+from shared.adapters.clock import ManualClock
 from shared.domain.models import BenchmarkRun, CommandRecord, Desired, Phase
 from shared.messages import (
     CreateDeployment,
@@ -17,7 +22,7 @@ from shared.messages import (
     StopDeployment,
     new_command_id,
 )
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, refusal_confirmation
 
 pytestmark = pytest.mark.anyio
 
@@ -209,20 +214,38 @@ class TestOperation:
         assert too_long.is_error and "wait_seconds" in text(too_long)
 
 
+DESTRUCTIVE = ["tpu_delete_deployment", "tpu_stop_deployment", "tpu_restart_serving"]
+
+
+async def refused_then_token(world: GatewayWorld, tool: str, deployment_id: str = "gemma-a") -> str:
+    """Call ``tool`` unconfirmed (refused, nothing published) and return the token its refusal carries."""
+    refused = await call(world, tool, {"deployment_id": deployment_id})
+    token = str(refusal_confirmation(refused)["confirm"])
+    assert world.published() == []
+    return token
+
+
 class TestDestructive:
-    @pytest.mark.parametrize("tool", ["tpu_delete_deployment", "tpu_stop_deployment", "tpu_restart_serving"])
-    async def test_without_confirmation_nothing_is_published(self, world: GatewayWorld, tool: str) -> None:
+    @pytest.mark.parametrize("tool", DESTRUCTIVE)
+    async def test_without_confirmation_nothing_is_published_and_the_refusal_carries_the_impact_and_a_token(
+        self, world: GatewayWorld, tool: str
+    ) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         result = await call(world, tool, {"deployment_id": "gemma-a"})
-        assert result.is_error
-        assert "[confirmation_required] confirm" in text(result) and "confirm='gemma-a'" in text(result)
+        body = refusal_confirmation(result)
+        assert "[confirmation_required] confirm" in text(result) and "nothing was changed" in text(result)
+        assert body["target"] == "gemma-a" and body["generation"] == 1 and body["impact"] in text(result)
+        assert body["confirm"].startswith(f"tpuctl-confirm.{body['action']}.gemma-a.g1-")
+        assert body["valid_for_s"] == 300 and "Show the impact to the user" in body["next_step"]
         assert world.published() == []
 
-    @pytest.mark.parametrize("tool", ["tpu_delete_deployment", "tpu_stop_deployment", "tpu_restart_serving"])
-    async def test_a_confirmation_naming_another_deployment_is_refused(self, world: GatewayWorld, tool: str) -> None:
+    @pytest.mark.parametrize("tool", DESTRUCTIVE)
+    async def test_the_deployment_id_or_other_text_does_not_confirm(self, world: GatewayWorld, tool: str) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
-        result = await call(world, tool, {"deployment_id": "gemma-a", "confirm": "gemma-b"})
-        assert result.is_error and "does not match" in text(result)
+        for injected in ("gemma-a", "yes", "tpuctl-confirm.delete.gemma-a.g1-0.9999999999.forged", "\u202egemma-a"):
+            result = await call(world, tool, {"deployment_id": "gemma-a", "confirm": injected})
+            assert result.is_error and text(result).startswith("[confirmation_required] confirm: "), text(result)
+            assert "Fix: call again without confirm" in text(result)
         assert world.published() == []
 
     @pytest.mark.parametrize(
@@ -233,12 +256,75 @@ class TestDestructive:
             ("tpu_restart_serving", RestartServing),
         ],
     )
-    async def test_a_matching_confirm_publishes_the_command(self, world: GatewayWorld, tool: str, kind: type) -> None:
+    async def test_the_token_from_the_refusal_publishes_the_command_once(
+        self, world: GatewayWorld, tool: str, kind: type
+    ) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
-        result = await call(world, tool, {"deployment_id": "gemma-a", "confirm": "gemma-a"})
+        token = await refused_then_token(world, tool)
+        result = await call(world, tool, {"deployment_id": "gemma-a", "confirm": token})
         assert not result.is_error, text(result)
         (message,) = world.published()
         assert isinstance(message, kind) and message.deployment_id == "gemma-a"
+        again = await call(world, tool, {"deployment_id": "gemma-a", "confirm": token})
+        assert again.is_error and "already used" in text(again)
+        assert world.published() == []
+
+    async def test_a_token_for_another_action_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        stop_token = await refused_then_token(world, "tpu_stop_deployment")
+        result = await call(world, "tpu_delete_deployment", {"deployment_id": "gemma-a", "confirm": stop_token})
+        assert result.is_error
+        assert "[confirmation_required] confirm: the token confirms stopping 'gemma-a', not deleting it" in text(result)
+        assert world.published() == []
+
+    async def test_a_token_for_another_deployment_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        world.seed("gemma-b", endpoint="http://10.0.0.6:8000")
+        token_b = await refused_then_token(world, "tpu_delete_deployment", "gemma-b")
+        result = await call(world, "tpu_delete_deployment", {"deployment_id": "gemma-a", "confirm": token_b})
+        assert result.is_error and "the token is for 'gemma-b', not 'gemma-a'" in text(result)
+        assert world.published() == []
+
+    async def test_a_token_for_a_deployment_that_changed_since_is_refused(self, world: GatewayWorld) -> None:
+        record = world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        token = await refused_then_token(world, "tpu_delete_deployment")
+        world.store.put_deployment(  # a deployment.update landed meanwhile: generation 2
+            record.model_copy(update={"generation": 2}), expected_version=record.version
+        )
+        result = await call(world, "tpu_delete_deployment", {"deployment_id": "gemma-a", "confirm": token})
+        assert result.is_error and "'gemma-a' changed since the token was issued (now generation 2" in text(result)
+        assert world.published() == []
+
+    async def test_status_writes_of_the_controller_do_not_invalidate_a_token(self, world: GatewayWorld) -> None:
+        record = world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        token = await refused_then_token(world, "tpu_stop_deployment")
+        status = record.status.model_copy(update={"phase": Phase.DEGRADED, "spend_usd": 2.0})
+        world.store.put_deployment(record.model_copy(update={"status": status}), expected_version=record.version)
+        result = await call(world, "tpu_stop_deployment", {"deployment_id": "gemma-a", "confirm": token})
+        assert not result.is_error, text(result)
+
+    async def test_an_expired_or_altered_token_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        clock = ManualClock(datetime.now(UTC))
+        core = GatewayCore(replace(world.ports, clock=clock))
+        async with Client(build_server(core)) as session:
+            refused = await session.call_tool("tpu_stop_deployment", {"deployment_id": "gemma-a"})
+            token = refusal_confirmation(refused)["confirm"]
+            altered = token[:-1] + ("A" if token[-1] != "A" else "B")
+            forged = await session.call_tool("tpu_stop_deployment", {"deployment_id": "gemma-a", "confirm": altered})
+            clock.advance(301)
+            late = await session.call_tool("tpu_stop_deployment", {"deployment_id": "gemma-a", "confirm": token})
+        assert forged.is_error and "was not issued by this gateway, or was altered" in text(forged)
+        assert late.is_error and "[confirmation_required] confirm: the token expired at" in text(late)
+        assert world.published() == []
+
+    async def test_a_token_from_another_gateway_process_is_refused(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        token = await refused_then_token(world, "tpu_stop_deployment")
+        other = GatewayCore(world.ports)  # another process: its own random key
+        with pytest.raises(GatewayError, match="was not issued by this gateway"):
+            other.stop_deployment("gemma-a", confirm=token)
+        assert world.published() == []
 
     @pytest.mark.parametrize("mode", ["auto", "legacy"])
     async def test_an_elicitation_capable_client_is_asked_and_its_yes_counts(
@@ -274,7 +360,7 @@ class TestDestructive:
             {"deployment_id": "gemma-a"},
             elicitation_callback=answering("accept", {"confirm": "yes"}),
         )
-        assert result.is_error and "does not match" in text(result)
+        assert result.is_error and "does not match 'gemma-a'" in text(result)
         assert world.published() == []
 
     async def test_deleting_a_missing_deployment_is_not_found_before_anyone_is_asked(self, world: GatewayWorld) -> None:

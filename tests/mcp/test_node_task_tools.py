@@ -25,7 +25,7 @@ from shared.domain.models import NodeTask, Phase
 from shared.messages import NodeTaskCompleted, RestartServing, TailServingLogs, decode_message, new_command_id
 from shared.ports import Delivery
 from shared.services.node_tasks import NodeTasks, NodeTaskSettings
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, refusal_confirmation
 
 pytestmark = pytest.mark.anyio
 
@@ -219,7 +219,9 @@ class TestFollowingNodeTasks:
         self, world: GatewayWorld, cloud: Cloud
     ) -> None:
         world.seed("gemma-a", phase=Phase.STALLED)
-        accepted = await call(world, "tpu_restart_serving", {"deployment_id": "gemma-a", "confirm": "gemma-a"})
+        refused = await call(world, "tpu_restart_serving", {"deployment_id": "gemma-a"})
+        token = refusal_confirmation(refused)["confirm"]
+        accepted = await call(world, "tpu_restart_serving", {"deployment_id": "gemma-a", "confirm": token})
         command_id = accepted.structured_content["command_id"]
 
         queued = await call(world, "tpu_get_operation", {"command_id": command_id})
@@ -289,7 +291,7 @@ class TestCli:
         world.seed("gemma-a")
         assert tpuctl(world, "logs", "--tail", "5")[0] == EXIT_USAGE
         code, _, stderr = tpuctl(world, "logs", "gemma-a", "--tail", "0")
-        assert code == EXIT_USAGE and "lines" in stderr
+        assert code == EXIT_USAGE and "[invalid_argument] --tail: 0 is below the minimum of 1" in stderr
         assert world.published() == []
 
     def test_restart_needs_confirmation_then_publishes(self, world: GatewayWorld) -> None:
