@@ -1,10 +1,20 @@
 """Assemble each Cloud Function's deployable folder: ``build/functions/<name>/``.
 
 Cloud Functions deploy a directory and install only its ``requirements.txt``; they never run our
-``setup.py`` or see the rest of the repository. So each folder gets the function's ``main.py``
-(and any sibling modules), its own ``requirements.txt`` and a copy of ``shared/``, without
-tests, caches or bytecode. Terraform zips the folder and names the uploaded object by the zip's
-SHA-256, so a changed file redeploys the function and an unchanged tree does not.
+``setup.py`` or see the rest of the repository. So each folder gets the function's ``main.py``, its
+own ``requirements.txt`` and the project modules ``main.py`` can import: its import closure within
+``shared/`` (and any sibling modules of ``main.py``), plus the ``__init__.py`` of every package on the
+way. The closure is found from the source, not by running it: every ``import`` and ``from ... import``
+is followed wherever it appears, inside functions included (``shared/wiring.py`` builds its adapters
+with imports inside methods), except under ``if TYPE_CHECKING:``. What no function imports (the VM's
+node agent and the rest of ``shared/bench``) stays out, and so do tests, caches and bytecode. A
+dynamic import by a computed name (``importlib.import_module(name)``, ``__import__(name)``) cannot be
+followed, so it stops the packaging with an error naming the line; none exists in ``shared/`` today,
+and one with a literal name is followed like an import statement. Only modules ship: no module of the
+closure reads data files next to itself.
+
+Terraform zips the folder and names the uploaded object by the zip's SHA-256, so a changed file
+redeploys the function and an unchanged tree does not.
 
 The output is deterministic: the folder is rebuilt from scratch, files are copied in sorted order
 with fixed permissions (0644) and a fixed modification time, so the same sources always give the
@@ -19,12 +29,13 @@ functions that have a main.py).
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +49,13 @@ _SKIPPED_DIRS = frozenset(
 )
 _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".orig", ".rej", ".swp")
 _SKIPPED_NAMES = frozenset({"conftest.py", ".DS_Store", "requirements.txt"})
+
+# The repository packages a function may ship, found under the repository root. Every other top-level
+# package of the repository (localcloud, tests, mcp_client_gateway, ...) never reaches a function, so
+# an import of one from the closure is an error rather than a module silently left out.
+SHIPPED_PACKAGES = ("shared",)
+_DYNAMIC_IMPORTERS = frozenset({"import_module", "__import__"})
+_NOT_OURS = frozenset({"__future__", *sys.stdlib_module_names})
 
 
 @dataclass(frozen=True)
@@ -97,8 +115,113 @@ def tree_digest(folder: Path) -> tuple[int, str]:
     return count, digest.hexdigest()
 
 
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _dynamic_import(node: ast.Call, path: Path) -> str | None:
+    """The module a literal ``importlib.import_module("x")`` / ``__import__("x")`` names; refuse any other."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in _DYNAMIC_IMPORTERS:
+        return None
+    first = node.args[0] if node.args else None
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and not first.value.startswith("."):
+        return first.value
+    raise SystemExit(
+        f"{path}:{node.lineno}: {name}() with a computed module name; packaging follows imports from the "
+        "source and cannot tell which module this loads (use an import statement, or a literal absolute name)"
+    )
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool, path: Path) -> Iterator[str]:
+    """Every dotted name ``module`` imports, anywhere but under ``if TYPE_CHECKING:``.
+
+    ``from a import b`` yields ``a`` and ``a.b`` (``b`` may be a submodule); the caller keeps the names that
+    are files.
+    """
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)  # the body never runs; ``else:`` does
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                if node.level - 1 >= len(package):
+                    raise SystemExit(f"{path}:{node.lineno}: relative import beyond the top-level package")
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call):
+            dynamic = _dynamic_import(node, path)
+            if dynamic is not None:
+                yield dynamic
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _module_source(base: Path, dotted: str) -> Path | None:
+    """The file that defines ``dotted`` below ``base`` (a package's ``__init__.py``), or None."""
+    stem = base.joinpath(*dotted.split("."))
+    if (stem / "__init__.py").is_file():
+        return stem / "__init__.py"
+    if stem.with_suffix(".py").is_file():
+        return stem.with_suffix(".py")
+    return None
+
+
+def import_closure_files(root: Path, function_dir: Path) -> dict[Path, Path]:
+    """The files ``function_dir/main.py`` needs: bundle-relative path -> source, ``main.py`` included.
+
+    ``shared.*`` resolves under ``root``; any other name resolves next to ``main.py`` first (a sibling
+    module) and is otherwise a third-party or standard module, which ``requirements.txt`` and the runtime
+    provide. Each module brings its parent packages' ``__init__.py`` (importing ``shared.a.b`` runs
+    ``shared/__init__.py`` and ``shared/a/__init__.py`` first), whose imports are followed too.
+    """
+    unshippable = {p.name for p in root.iterdir() if (p / "__init__.py").is_file() and p.name not in SHIPPED_PACKAGES}
+    files: dict[Path, Path] = {}
+    seen: set[str] = set()
+    pending: list[tuple[str, str]] = [("main", "main.py")]
+    while pending:
+        dotted, importer = pending.pop()
+        if dotted in seen:
+            continue
+        seen.add(dotted)
+        top = dotted.split(".", 1)[0]
+        base = root if top in SHIPPED_PACKAGES else function_dir
+        source = _module_source(base, dotted)
+        if source is None:
+            if top in unshippable and _module_source(root, dotted) is not None:
+                raise SystemExit(
+                    f"{importer} imports {dotted}, but only {', '.join(SHIPPED_PACKAGES)} and the function's own "
+                    f"modules reach a Cloud Function ({top}/ is never packaged)"
+                )
+            continue  # a name defined in a module (not a module itself), or a module from outside the project
+        relative = source.relative_to(base)
+        if dotted != "main" and not is_shipped(relative):
+            raise SystemExit(f"{importer} imports {dotted} ({relative}), which is never packaged (tests, caches)")
+        files[relative] = source
+        if "." in dotted:
+            pending.append((dotted.rsplit(".", 1)[0], dotted))
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+        pending.extend(
+            (name, relative.as_posix())
+            for name in _imported_names(tree, dotted, source.name == "__init__.py", source)
+            if name and name.split(".", 1)[0] not in _NOT_OURS
+        )
+    return dict(sorted(files.items(), key=lambda item: item[0].as_posix()))
+
+
 def package_function(root: Path, name: str, out: Path) -> PackagedFunction:
-    """Rebuild ``out/<name>`` from ``functions/<name>`` and ``shared/``."""
+    """Rebuild ``out/<name>``: ``main.py``, ``requirements.txt`` and the modules of its import closure."""
     function_dir = root / "functions" / name
     main = function_dir / "main.py"
     requirements = function_dir / "requirements.txt"
@@ -118,13 +241,9 @@ def package_function(root: Path, name: str, out: Path) -> PackagedFunction:
         shutil.rmtree(target)
     target.mkdir(parents=True)
 
-    for relative in _shipped_files(function_dir):
-        if relative.name == "__init__.py" and relative.parent == Path("."):
-            continue  # the function folder is the deployment root, not a package
-        _copy(function_dir / relative, target / relative)
+    for relative, source in import_closure_files(root, function_dir).items():
+        _copy(source, target / relative)
     _copy(requirements, target / "requirements.txt")
-    for relative in _shipped_files(shared):
-        _copy(shared / relative, target / "shared" / relative)
 
     for directory in sorted((p for p in target.rglob("*") if p.is_dir()), reverse=True):
         os.chmod(directory, DIR_MODE)
