@@ -16,7 +16,8 @@ the node runtime                       the TPU VM: vLLM (real, on CPU) and the n
 The functions are the production entry points, unchanged, started as subprocesses on loopback ports; each
 subscription's dispatcher POSTs every delivery as a Pub/Sub push body to ``/projects/P/topics/T``, which
 functions-framework turns into the same CloudEvent Cloud Run delivers; a non-2xx answer is a nack (the bus
-redelivers with backoff, then dead-letters). Routes and filters mirror ``terraform/envs/default/main.tf``.
+redelivers with backoff, then dead-letters). Routes and filters are the routing table's
+(``shared/messages/routing.py``), the same Terraform reads from ``terraform/envs/default/routes.json``.
 
 Time: the scenario runs at ``time_scale`` virtual seconds per wall second (60 by default: a 40-minute capacity
 wait takes 40 s, a one-minute Scheduler tick fires every second). Every process follows the simulator's clock
@@ -43,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from shared.adapters.local_scheduler import LocalScheduler
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.config import Settings
 from shared.logging import JsonFormatter, RedactingFilter, register_secret
+from shared.messages.routing import FUNCTION_TRIGGERS, push_routes, subscription_filter
 from shared.ports import CommandBus, Delivery, SchedulerApi, SchedulerJob, StateStore
 from shared.wiring import Runtime
 
@@ -71,21 +73,13 @@ __all__ = ["FUNCTIONS", "ROUTES", "LocalCloud", "LocalCloudOptions", "Route", "S
 
 log = logging.getLogger("tpuctl.localcloud")
 
-FUNCTIONS = ("provision", "monitor", "benchmark")
+FUNCTIONS = tuple(FUNCTION_TRIGGERS)  # provision, monitor, benchmark
 TICKS_FILE = REPO_ROOT / "terraform" / "envs" / "default" / "ticks.json"
 # Scheduler jobs of ticks.json and their schedules (terraform variable tick_schedules). The reconcile job is
 # created, paused and resumed by the provisioner itself; the runner owns the other two, as Terraform does.
 RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
 NAME_PREFIX = "tpuctl"
 
-# Routing, as terraform/envs/default/main.tf builds it.
-BENCHMARK_COMMAND_FILTER = (
-    'attributes.kind = "benchmark.run" OR attributes.kind = "benchmark.schedule" '
-    'OR attributes.kind = "serving.restart" OR attributes.kind = "serving.logs"'
-)  # benchmark commands and node tasks (the benchmark function dispatches both to the node agent)
-PROVISION_COMMAND_FILTER = f"NOT ({BENCHMARK_COMMAND_FILTER})"
-MONITOR_TICK_FILTER = 'attributes.purpose = "monitor"'
-PROVISION_TICK_FILTER = f"NOT {MONITOR_TICK_FILTER}"
 MAX_DELIVERY_ATTEMPTS = 5
 
 _FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
@@ -105,13 +99,13 @@ class Route:
         return f"{NAME_PREFIX}-{self.function}-{self.trigger.replace('_', '-')}"
 
 
-ROUTES: tuple[Route, ...] = (
-    Route("provision", "commands", "commands", PROVISION_COMMAND_FILTER),
-    Route("provision", "ticks", "ticks", PROVISION_TICK_FILTER),
-    Route("monitor", "ticks", "ticks", MONITOR_TICK_FILTER),
-    Route("benchmark", "events", "events", None),
-    Route("benchmark", "commands", "commands", BENCHMARK_COMMAND_FILTER),
+# Routing: the push subscriptions Terraform makes, with the filters it reads from routes.json, both rendered from
+# the routing table (shared/messages/routing.py).
+ROUTES: tuple[Route, ...] = tuple(
+    Route(route.function, route.trigger, route.topic, route.filter) for route in push_routes()
 )
+BENCHMARK_COMMAND_FILTER = subscription_filter("benchmark", "commands")
+"""Benchmark commands and node tasks (the benchmark function dispatches both to the node agent)."""
 
 
 @dataclass(frozen=True)
@@ -657,7 +651,7 @@ class LocalCloud:
         self._clients.append(client)
 
         def push(delivery: Delivery) -> None:
-            published = delivery.publish_time or self.world.clock.now()
+            published = self._virtual_publish_time(delivery.publish_time)
             body = {
                 "message": {
                     "data": base64.b64encode(delivery.data).decode("ascii"),
@@ -678,6 +672,18 @@ class LocalCloud:
                 raise PushRejected(f"{route.function} answered HTTP {response.status_code}: a nack")
 
         return push
+
+    def _virtual_publish_time(self, stamped: datetime | None) -> datetime:
+        """The publish time as Pub/Sub would stamp it in this world. The embedded bus stamps on the simulator's
+        clock already; the Pub/Sub emulator stamps wall time, which virtual time leaves behind, so its stamp is
+        moved to the same age in virtual time (wall age x time scale) before virtual now."""
+        now = self.world.clock.now()
+        if stamped is None:
+            return now
+        if not self.uses_emulators:
+            return stamped
+        wall_age_s = max(0.0, (datetime.now(UTC) - stamped).total_seconds())
+        return now - timedelta(seconds=wall_age_s * self.options.time_scale)
 
     def _note_failure(self, text: str) -> None:
         with self._lock:

@@ -24,11 +24,12 @@ from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.emulators import EMULATORS, find_emulator
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
-from localcloud.vm_twin.vm import unshare_available
+from localcloud.vm_twin.vm import TwinVm, unshare_available
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
 from mcp_client_gateway.ports import build_ports
-from shared.domain.models import Phase
+from shared.domain.models import Phase, RejectedMessage
+from shared.messages import NodeBooted, RestartServing, encode_message, message_attributes, new_command_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
 
@@ -80,6 +81,36 @@ def _logs_with(gateway: GatewayCore, text: str, timeout_s: float) -> LogsView:
         time.sleep(1)
 
 
+def _a_vm_can_report_about_itself_but_never_command(cloud: LocalCloud, vm: TwinVm) -> None:
+    """What a taken-over VM may publish on the events topic (it holds publisher there): a restart of its
+    deployment's vLLM posted as an event, and an unsealed boot report. Both are refused and recorded; nothing
+    happens to the node and nothing is written about it."""
+    before_pid = vm.view().vllm_pid
+    now = cloud.world.clock.now()
+    restart = RestartServing(
+        command_id=new_command_id(), issued_at=now, deployment_id=SPEC.deployment_id, reason="wedged"
+    )
+    forged = NodeBooted(command_id=new_command_id(), issued_at=now, deployment_id=SPEC.deployment_id, node="intruder")
+    published = {
+        cloud.bus.publish(cloud.settings.topic_events, encode_message(message), message_attributes(message))
+        for message in (restart, forged)
+    }
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_rejections_of(cloud, published)) < 2:
+        time.sleep(0.5)
+    fields = sorted(r.field for r in _rejections_of(cloud, published))
+    assert fields == ["attributes.event_seal", "kind"], fields
+    assert cloud.store.get_command(restart.command_id) is None, "never taken for a command"
+    assert cloud.store.list_node_tasks(SPEC.deployment_id) == [], "nothing dispatched to the node"
+    record = cloud.store.get_deployment(SPEC.deployment_id)
+    assert record is not None and record.status.node_system.get("node") != "intruder"
+    assert vm.view().vllm_pid == before_pid, "vLLM was not restarted"
+
+
+def _rejections_of(cloud: LocalCloud, message_ids: set[str]) -> list[RejectedMessage]:
+    return [r for r in cloud.store.list_rejections() if r.message_id in message_ids]
+
+
 def _poll(read: object, timeout_s: float) -> object:
     assert callable(read)
     deadline = time.monotonic() + timeout_s
@@ -120,11 +151,13 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
 
     run = demo.run_benchmark(STEP_TIMEOUT_S)
     assert run.status == "completed"
+    _a_vm_can_report_about_itself_but_never_command(cloud, vm)
 
     gateway = demo.gateway
     assert isinstance(gateway, GatewayCore)
     before = vm.view().vllm_pid
-    gateway.restart_serving(SPEC.deployment_id, confirm=SPEC.deployment_id, reason="twin e2e")
+    restart = gateway.request_confirmation("restart", SPEC.deployment_id)  # the test is the user who agrees
+    gateway.restart_serving(SPEC.deployment_id, confirm=restart.confirm, reason="twin e2e")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and vm.view().vllm_pid in (None, before):
         time.sleep(0.5)
