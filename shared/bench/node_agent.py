@@ -56,12 +56,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.bench.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from shared.bench.loadgen import LoadGenerator, Target
+from shared.bench.log_lines import MAX_LINE_CHARS, clean_log_line
 from shared.bench.system_info import boot_id, system_info
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
 from shared.domain.node_seal import EVENT_KEY_METADATA, EVENT_SEAL_ATTRIBUTE, seal
-from shared.logging import redact, scrub_untrusted
+from shared.logging import redact
 from shared.messages import (
     MAX_MESSAGE_BYTES,
     BenchmarkCompleted,
@@ -98,7 +99,6 @@ _STOP_GRACE_S = 5.0
 _RESULT_BUDGET_BYTES = MAX_MESSAGE_BYTES - 4096  # room for the envelope
 SERVING_CONTAINER_NAME = "tpuctl-vllm"
 """The vLLM container's name: the startup script's ``CONTAINER`` (``StartupScriptInputs.container_name``)."""
-MAX_LINE_CHARS = 2000
 _RUN_STOP_WAIT_S = _STOP_GRACE_S * 6  # how long a restart waits for a stopped run to wind down
 _MISSING_CHANNEL_WAIT_S = 10.0  # between pulls while the node channel does not exist yet
 _MISSING_CHANNEL_LOG_EVERY_S = 300.0  # how often that is said again after the first time
@@ -620,11 +620,6 @@ def shrink_result(result: dict[str, Any], budget: int = _RESULT_BUDGET_BYTES) ->
             f"only the first {len(slim['points'])} levels fit one message; the full result is on the node"
         )
     return slim
-
-
-def clean_log_line(text: str, api_key: str | None = None) -> str:
-    """A log line safe to send: no terminal escapes or control characters, secrets redacted, at most 2000 chars."""
-    return scrub_untrusted(text, MAX_LINE_CHARS, also_redact=api_key)[0]
 
 
 def fit_lines(event: NodeTaskCompleted, lines: list[str], budget: int = MAX_MESSAGE_BYTES) -> NodeTaskCompleted:
