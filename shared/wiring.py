@@ -25,8 +25,14 @@ from shared.ports import (
 )
 
 if TYPE_CHECKING:
+    from shared.adapters.billing_catalog import PriceBook
+    from shared.domain.models import DeploymentSpec
     from shared.domain.serving_plan import ServingEnvironment
+    from shared.services.benchmarker import Benchmarker
     from shared.services.event_seals import EventSeals
+    from shared.services.monitor import Monitor
+    from shared.services.node_tasks import NodeTasks
+    from shared.services.provisioner import Provisioner
 
 __all__ = ["LOCAL_PROJECT", "Runtime", "runtime", "serving_environment"]
 
@@ -160,7 +166,7 @@ class Runtime:
         )
 
     @cached_property
-    def prices(self) -> Any:
+    def prices(self) -> PriceBook:
         """Live TPU prices from the Billing Catalog, cached with a date; the dated table when it is unreachable."""
         from shared.adapters.billing_catalog import BillingCatalog
 
@@ -183,7 +189,7 @@ class Runtime:
         return LocalScheduler(self._data / "scheduler.sqlite", clock=self.clock)
 
     @cached_property
-    def provisioner(self) -> Any:
+    def provisioner(self) -> Provisioner:
         """The provisioner service (shared/services/provisioner.py) on this runtime's ports."""
         from shared.services.provisioner import Provisioner, ProvisionerSettings, reconcile_tick_job
 
@@ -208,14 +214,14 @@ class Runtime:
 
         return {EVENT_KEY_METADATA: self.event_seals.event_key(deployment_id, create=True)}
 
-    def startup_script(self, spec: Any) -> str:
+    def startup_script(self, spec: DeploymentSpec) -> str:
         """The TPU VM startup script for a spec, in the one serving environment (``serving_environment``)."""
         from shared.domain.serving_plan import build_serving_plan
 
         return str(build_serving_plan(spec, serving_environment(self.settings)).startup_script())
 
     @cached_property
-    def monitor(self) -> Any:
+    def monitor(self) -> Monitor:
         """The monitor service on this runtime's ports, probing with the vLLM API key from the secret store and
         reading booting nodes' progress through the TPU port."""
         from shared.adapters.vllm_probe import VllmProbe
@@ -231,7 +237,7 @@ class Runtime:
         return Monitor(self.store, probe, self.bus, self.clock, settings, tpu=self.tpu)
 
     @cached_property
-    def benchmarker(self) -> Any:
+    def benchmarker(self) -> Benchmarker:
         """The benchmark service: records runs, dispatches them to the node agent, ingests results."""
         from shared.services.benchmarker import Benchmarker, BenchmarkerSettings
 
@@ -243,7 +249,7 @@ class Runtime:
         return Benchmarker(self.store, self.bus, self.clock, scheduler=self.scheduler, settings=settings)
 
     @cached_property
-    def node_tasks(self) -> Any:
+    def node_tasks(self) -> NodeTasks:
         """The node-task service: records restart and log-tail requests, dispatches them, stores the answers."""
         from shared.services.node_tasks import NodeTasks, NodeTaskSettings
 

@@ -9,23 +9,28 @@ configuration comes from ``TPUCTL_*`` variables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flask
 import functions_framework
 
 from shared.logging import configure_logging
-from shared.messages import NODE_TASK_KINDS
+from shared.messages import Message, NodeTaskCompleted, RestartServing, TailServingLogs
 from shared.triggers import FunctionEntry
 from shared.wiring import Runtime, runtime
 
-NODE_TASK_MESSAGES = frozenset({*NODE_TASK_KINDS, "node.task_completed"})
 
+def _handler(rt: Runtime) -> Callable[[Message], str]:
+    def handle(message: Message) -> str:
+        """Node tasks (``NODE_TASK_KINDS``) and their answers to the node-task service, the rest to the benchmarker."""
+        match message:
+            case RestartServing() | TailServingLogs() | NodeTaskCompleted():
+                return rt.node_tasks.handle(message)
+            case _:
+                return rt.benchmarker.handle(message)
 
-def _handler(rt: Runtime) -> Any:
-    return lambda message: str(
-        (rt.node_tasks if message.kind in NODE_TASK_MESSAGES else rt.benchmarker).handle(message)
-    )
+    return handle
 
 
 ENTRY = FunctionEntry("benchmark", _handler, authenticate=lambda rt: rt.event_seals.check)

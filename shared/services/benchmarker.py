@@ -48,6 +48,7 @@ from shared.messages import (
     SCHEDULED_JOB_ATTRIBUTE,
     BenchmarkCompleted,
     BenchmarkRequest,
+    Message,
     NodeBooted,
     RunBenchmark,
     ScheduleBenchmark,
@@ -177,17 +178,19 @@ class Benchmarker:
         self._settings = settings or BenchmarkerSettings()
         self._plan = plan or (lambda record: plan_summary(record, self._settings.project))
 
-    def handle(self, message: Any) -> str:
+    def handle(self, message: Message) -> str:
         """Dispatch one decoded message; other kinds are acknowledged without effect."""
-        if isinstance(message, RunBenchmark):
-            return self.run(message)
-        if isinstance(message, BenchmarkCompleted):
-            return self.ingest(message)
-        if isinstance(message, ScheduleBenchmark):
-            return self.schedule(message)
-        if isinstance(message, NodeBooted):
-            return self.node_booted(message)
-        return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a benchmark message"
+        match message:
+            case RunBenchmark():
+                return self.run(message)
+            case BenchmarkCompleted():
+                return self.ingest(message)
+            case ScheduleBenchmark():
+                return self.schedule(message)
+            case NodeBooted():
+                return self.node_booted(message)
+            case _:
+                return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a benchmark message"
 
     # --- node.booted --------------------------------------------------------------------------------------------
 

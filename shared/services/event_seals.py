@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets as token_source
 from collections.abc import Mapping
-from typing import Any
 
 from shared.domain.errors import InvalidMessage
 from shared.domain.node_seal import (
@@ -19,6 +18,7 @@ from shared.domain.node_seal import (
     deployment_event_key,
     seal_matches,
 )
+from shared.messages import Message
 from shared.ports import SecretStore
 
 __all__ = ["EventSeals"]
@@ -36,7 +36,7 @@ class EventSeals:
         """The event key to hand a deployment's VMs (``create``: make the controller key on first use)."""
         return deployment_event_key(self._controller_key(create=create), deployment_id)
 
-    def check(self, attributes: Mapping[str, str], body: bytes, message: Any) -> None:
+    def check(self, attributes: Mapping[str, str], body: bytes, message: Message) -> None:
         """Refuse a node event whose seal was not made with the key of the deployment it names."""
         if message.kind not in SEALED_KINDS:
             return
@@ -44,7 +44,8 @@ class EventSeals:
         fix = "only a deployment's own TPU VMs can report about it"
         if not presented:
             raise InvalidMessage(f"attributes.{EVENT_SEAL_ATTRIBUTE}", f"is missing on a {message.kind}", fix)
-        if not seal_matches(self.event_key(message.deployment_id), body, presented):
+        deployment_id = message.deployment_id
+        if deployment_id is None or not seal_matches(self.event_key(deployment_id), body, presented):
             raise InvalidMessage(
                 f"attributes.{EVENT_SEAL_ATTRIBUTE}",
                 f"does not match the event key of deployment {message.deployment_id!r}",

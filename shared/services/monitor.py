@@ -76,6 +76,7 @@ from shared.domain.models import (
 )
 from shared.logging import scrub_untrusted
 from shared.messages import (
+    Command,
     DeleteDeployment,
     PhaseChanged,
     ReconcileTick,
@@ -224,13 +225,15 @@ class Monitor:
 
     # Entry points
 
-    def handle(self, message: Any) -> str:
+    def handle(self, message: Command) -> str:
         """Handle a decoded message: ``reconcile.tick`` with purpose ``monitor`` runs a tick; others are ignored."""
-        if not isinstance(message, ReconcileTick):
-            return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a monitor tick"
-        if message.purpose != "monitor":
-            return f"ignored: tick purpose {message.purpose!r} is not 'monitor'"
-        return self.tick(only=message.deployment_id).summary()
+        match message:
+            case ReconcileTick(purpose="monitor"):
+                return self.tick(only=message.deployment_id).summary()
+            case ReconcileTick():
+                return f"ignored: tick purpose {message.purpose!r} is not 'monitor'"
+            case _:
+                return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a monitor tick"
 
     def tick(self, now: datetime | None = None, *, only: str | None = None) -> TickReport:
         """One tick from synchronous code (a Cloud Function); use :meth:`tick_async` inside an event loop."""

@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from shared.domain.errors import PermanentError
 from shared.domain.models import DeploymentRecord, Desired, NodeTask, Phase
 from shared.domain.untrusted import clean_text
 from shared.logging import scrub_untrusted
 from shared.messages import (
+    Message,
     NodeTaskCompleted,
     RestartServing,
     TailServingLogs,
@@ -131,13 +132,15 @@ class NodeTasks:
         self._clock = clock
         self.settings = settings or NodeTaskSettings()
 
-    def handle(self, message: Any) -> str:
+    def handle(self, message: Message) -> str:
         """Dispatch one decoded message; other kinds are acknowledged without effect."""
-        if isinstance(message, RestartServing | TailServingLogs):
-            return self.request(message)
-        if isinstance(message, NodeTaskCompleted):
-            return self.complete(message)
-        return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a node task"
+        match message:
+            case RestartServing() | TailServingLogs():
+                return self.request(message)
+            case NodeTaskCompleted():
+                return self.complete(message)
+            case _:
+                return f"ignored: {getattr(message, 'kind', type(message).__name__)} is not a node task"
 
     # --- reads ------------------------------------------------------------------------------------------------
 

@@ -70,7 +70,17 @@ from shared.domain.planner import (
 from shared.domain.prices import price_per_chip_hour
 from shared.domain.ratelimit import BucketState, TokenBucket
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
-from shared.messages import ReconcileTick, encode_message, message_attributes
+from shared.messages import (
+    Command,
+    CreateDeployment,
+    DeleteDeployment,
+    ReconcileTick,
+    StartDeployment,
+    StopDeployment,
+    UpdateDeployment,
+    encode_message,
+    message_attributes,
+)
 from shared.ports import Clock, Fence, NodeChannels, SchedulerApi, SchedulerJob, StateStore, TpuApi
 from shared.services.benchmarker import delete_benchmark_jobs
 from shared.services.janitor import Janitor, JanitorReport
@@ -183,25 +193,30 @@ class Provisioner:
 
     # ------------------------------------------------------------------------------------------ entry
 
-    def handle(self, message: Any) -> str:
+    def handle(self, message: Command) -> str:
         """Apply one decoded message; returns a one-line outcome. Raises TransientError to be retried."""
-        kind = getattr(message, "kind", None)
-        handlers: dict[str, Callable[[Any], str]] = {
-            "deployment.create": self.create,
-            "deployment.update": self.update,
-            "deployment.delete": self.delete,
-            "deployment.stop": self.stop,
-            "deployment.start": self.start,
-            "reconcile.tick": self.tick,
-        }
-        handler = handlers.get(str(kind))
-        if handler is None:
-            raise InvalidMessage("kind", f"{kind!r} is not handled by the provisioner", "send it to its own function")
-        return handler(message)
+        match message:
+            case CreateDeployment():
+                return self.create(message)
+            case UpdateDeployment():
+                return self.update(message)
+            case DeleteDeployment():
+                return self.delete(message)
+            case StopDeployment():
+                return self.stop(message)
+            case StartDeployment():
+                return self.start(message)
+            case ReconcileTick():
+                return self.tick(message)
+            case _:
+                kind = getattr(message, "kind", None)
+                raise InvalidMessage(
+                    "kind", f"{kind!r} is not handled by the provisioner", "send it to its own function"
+                )
 
     # --------------------------------------------------------------------------------------- commands
 
-    def create(self, message: Any) -> str:
+    def create(self, message: CreateDeployment) -> str:
         """Store a new deployment (generation 1), or a new generation of a deleted one; then nudge."""
         spec: DeploymentSpec = message.spec
         deployment_id = message.deployment_id
@@ -241,11 +256,11 @@ class Provisioner:
         head = f"created {deployment_id} generation {record.generation}" if changed else f"{deployment_id} exists"
         return self._after_command(deployment_id, head)
 
-    def update(self, message: Any) -> str:
+    def update(self, message: UpdateDeployment) -> str:
         """A new spec is a new generation: the old slice keeps serving until the new one does."""
         spec: DeploymentSpec = message.spec
         deployment_id = message.deployment_id
-        expected = getattr(message, "expected_generation", None)
+        expected = message.expected_generation
 
         def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
             current = self._require(existing, deployment_id)
@@ -260,10 +275,10 @@ class Provisioner:
         head = f"updated {deployment_id} to generation {record.generation}" if changed else f"{deployment_id} unchanged"
         return self._after_command(deployment_id, head)
 
-    def delete(self, message: Any) -> str:
+    def delete(self, message: DeleteDeployment) -> str:
         """Desired absent: every resource is force-deleted and verified gone by the following ticks."""
         deployment_id = message.deployment_id
-        expected = getattr(message, "expected_generation", None)
+        expected = message.expected_generation
         if self._store.get_deployment(deployment_id) is None:
             return f"{deployment_id} does not exist; nothing to delete"
 
@@ -280,11 +295,11 @@ class Provisioner:
             delete_benchmark_jobs(self._scheduler, deployment_id)
         return self._after_command(deployment_id, f"deleting {deployment_id}" if changed else "already deleting")
 
-    def stop(self, message: Any) -> str:
+    def stop(self, message: StopDeployment) -> str:
         """Release the TPU, keep the record; a later start provisions again."""
         return self._set_desired(message.deployment_id, Desired.STOPPED, "stopping")
 
-    def start(self, message: Any) -> str:
+    def start(self, message: StartDeployment) -> str:
         """Bring a stopped deployment back."""
         return self._set_desired(message.deployment_id, Desired.PRESENT, "starting")
 
@@ -341,12 +356,12 @@ class Provisioner:
 
     # ------------------------------------------------------------------------------------------ ticks
 
-    def tick(self, message: Any) -> str:
+    def tick(self, message: ReconcileTick) -> str:
         """Reconcile every deployment that needs work, sweep orphans, and pause ticks when nothing is live."""
-        purpose = getattr(message, "purpose", "reconcile")
+        purpose = message.purpose
         if purpose == "monitor":
             return "monitor ticks are handled by functions/monitor"
-        only = getattr(message, "deployment_id", None)
+        only = message.deployment_id
         started = self._clock.monotonic()
         try:
             observed = self._tpu.list("-")

@@ -655,11 +655,17 @@ def _routes(env: ModuleDir, function_calls: dict[str, dict[str, Any]]) -> list[t
     routes = []
     for name, call in function_calls.items():
         for key, trigger in call["triggers"].items():
-            text = resolve_locals(trigger.get("filter", ""), env)
+            text = _route_filter(resolve_locals(trigger.get("filter", ""), env))
             assert "${" not in text, f"{name}.{key}: filter did not resolve to a literal: {text!r}"
             assert len(text.encode()) <= 256, f"{name}.{key}: Pub/Sub filters are at most 256 bytes"
             routes.append((name, _key_of(trigger["topic"], "topic_ids"), parse_filter(text or None)))
     return routes
+
+
+def _route_filter(text: str) -> str:
+    """A reference into routes.json (``local.route_filters.FUNCTION.TRIGGER``) replaced by the filter it holds."""
+    filters = json.loads((ENV / "routes.json").read_text(encoding="utf-8"))
+    return re.sub(r"\$\{local\.route_filters\.(\w+)\.(\w+)\}", lambda m: filters[m.group(1)][m.group(2)], text)
 
 
 def _receivers(routes: list[tuple[str, str, Any]], stream: str, attributes: dict[str, str]) -> list[str]:

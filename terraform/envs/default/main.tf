@@ -60,13 +60,12 @@ locals {
 
   # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones and the
   # node tasks (serving.restart, serving.logs), which the benchmark function dispatches to the node agent;
-  # ticks go by purpose. Filters use the subset of the Pub/Sub filter language the local bus
-  # also understands (shared/adapters/_pubsub_rules.py), and tests check every message kind
-  # reaches exactly one function.
-  benchmark_command_filter = "attributes.kind = \"benchmark.run\" OR attributes.kind = \"benchmark.schedule\" OR attributes.kind = \"serving.restart\" OR attributes.kind = \"serving.logs\""
-  provision_command_filter = "NOT (${local.benchmark_command_filter})"
-  monitor_tick_filter      = "attributes.purpose = \"monitor\""
-  provision_tick_filter    = "NOT ${local.monitor_tick_filter}"
+  # ticks go by purpose. The push subscriptions' filters are rendered from the routing table
+  # (shared/messages/routing.py) into routes.json, function -> trigger -> filter ("" for none), by
+  # scripts/render_routes.py; they use the subset of the Pub/Sub filter language the local bus also
+  # understands (shared/adapters/_pubsub_rules.py), and tests check every message kind reaches exactly one
+  # function and that routes.json matches the table.
+  route_filters = jsondecode(file("${path.module}/routes.json"))
 
   gateway_vllm_key_readers  = var.gateway_reads_vllm_api_key ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
   gateway_hf_token_managers = var.gateway_manages_hf_token ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
@@ -357,14 +356,14 @@ module "provision" {
     commands = {
       topic                   = local.topic_ids.commands
       dead_letter_topic       = local.dead_letter_ids.commands
-      filter                  = local.provision_command_filter
+      filter                  = local.route_filters.provision.commands
       enable_message_ordering = true
       max_delivery_attempts   = var.max_delivery_attempts
     }
     ticks = {
       topic                 = local.topic_ids.ticks
       dead_letter_topic     = local.dead_letter_ids.ticks
-      filter                = local.provision_tick_filter
+      filter                = local.route_filters.provision.ticks
       max_delivery_attempts = var.max_delivery_attempts
     }
   }
@@ -409,7 +408,7 @@ module "monitor" {
     ticks = {
       topic                 = local.topic_ids.ticks
       dead_letter_topic     = local.dead_letter_ids.ticks
-      filter                = local.monitor_tick_filter
+      filter                = local.route_filters.monitor.ticks
       max_delivery_attempts = var.max_delivery_attempts
     }
   }
@@ -447,12 +446,13 @@ module "benchmark" {
     events = {
       topic                 = local.topic_ids.events
       dead_letter_topic     = local.dead_letter_ids.events
+      filter                = local.route_filters.benchmark.events
       max_delivery_attempts = var.max_delivery_attempts
     }
     commands = {
       topic                 = local.topic_ids.commands
       dead_letter_topic     = local.dead_letter_ids.commands
-      filter                = local.benchmark_command_filter
+      filter                = local.route_filters.benchmark.commands
       max_delivery_attempts = var.max_delivery_attempts
     }
   }
