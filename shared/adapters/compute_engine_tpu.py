@@ -52,10 +52,11 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from shared.adapters.gcp_tpu import cloud_error_from_exception
+from shared.adapters.tpu_errors import error_scope, failed_operation, in_request_zone, quota_message_location
 from shared.domain.backends import MACHINE_TYPES, accelerator_of_machine_type, machine_type_of
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.errors import CloudError, ErrorClass, ErrorScope
 from shared.domain.models import Backend, NodeState, QueuedResourceState, Tier
 
 __all__ = [
@@ -133,12 +134,15 @@ def classify_compute_error(
     http_status: int | None = None,
     quota_info: Sequence[Mapping[str, Any]] = (),
     verb: str | None = None,
+    zone: str | None = None,
 ) -> CloudError:
     """THE mapping from a Compute Engine error to a :class:`CloudError`.
 
     ``code`` is the operation error's ``errors[].code`` (``ZONE_RESOURCE_POOL_EXHAUSTED``…) or the
     synchronous answer's ``errors[].reason`` (``quotaExceeded``…); ``surfaced`` is ``sync`` or
-    ``operation``; ``verb`` the operation type when known (``insert``, ``delete``…).
+    ``operation``; ``verb`` the operation type when known (``insert``, ``delete``…); ``zone`` the zone of
+    the request when known. The error's ``scope`` and quota ``location`` are read here, once
+    (:mod:`shared.adapters.tpu_errors`).
     """
     key = code.lower()
     location: str | None = None
@@ -183,10 +187,14 @@ def classify_compute_error(
         error_class = ErrorClass.UNKNOWN
     if location is None and zone_match is not None:
         location = zone_match.group(1)
-    return CloudError(error_class, message, code=http_status, quota_id=quota_id, location=location, surfaced=surfaced)
+    scope = error_scope(error_class, message, zone=zone, compute_engine=True)
+    location = location or quota_message_location(scope, message)
+    return CloudError(
+        error_class, message, code=http_status, quota_id=quota_id, location=location, surfaced=surfaced, scope=scope
+    )
 
 
-def _operation_error(op: compute_v1.Operation) -> CloudError | None:
+def _operation_error(op: compute_v1.Operation, zone: str | None = None) -> CloudError | None:
     """The classified error of a finished zonal operation, or None when it succeeded."""
     if not op.error.errors:
         return None
@@ -207,6 +215,7 @@ def _operation_error(op: compute_v1.Operation) -> CloudError | None:
         http_status=op.http_error_status_code or None,
         quota_info=infos,
         verb=op.operation_type or None,
+        zone=zone,
     )
 
 
@@ -326,6 +335,7 @@ class ComputeEngineTpu:
                 f"accelerator: Compute Engine sells no single machine type for {request.accelerator!r} "
                 f"(known: {', '.join(sorted(MACHINE_TYPES))}); use the tpu-api back end",
                 location=request.zone,
+                scope=ErrorScope.ACCELERATOR,
             )
         zone = request.zone
         scheduling = compute_v1.Scheduling(
@@ -414,19 +424,17 @@ class ComputeEngineTpu:
             instance_resource=self.instance_for(request),
             request_id=request.request_id,
         )
-        with _translated():
+        with in_request_zone(request.zone, compute_engine=True), _translated():
             op = self.instances.insert_unary(request=insert, retry=None, timeout=self._timeout_s)
         return self._op_status(request.zone, op)
 
     def _op_status(self, zone: str, op: compute_v1.Operation) -> OperationStatus:
         name = f"projects/{self.project}/zones/{zone}/operations/{op.name}"
         done = op.status == compute_v1.Operation.Status.DONE
-        error = _operation_error(op) if done else None
+        error = _operation_error(op, zone) if done else None
         if error is None:
             return OperationStatus(name=name, done=done)
-        return OperationStatus(
-            name=name, done=True, error_class=error.error_class, error_code=error.code, error_message=error.message
-        )
+        return failed_operation(name, error)
 
     def get_operation(self, name: str) -> OperationStatus:
         """A zonal operation by the name :meth:`create` returned (``projects/P/zones/Z/operations/OP``)."""

@@ -2,7 +2,9 @@
 
 Provider states are normalised into the domain enums by one table each (G6), and every provider error,
 whether it arrives as a synchronous HTTP answer or as a long-running operation's ``error``, goes
-through one function, :func:`classify_tpu_error`, into a :class:`CloudError` (G4; tpu-api.md §5.4).
+through one function, :func:`classify_tpu_error`, into a :class:`CloudError` (G4; tpu-api.md §5.4),
+with what it is about (``scope``: a zone, an accelerator, a tier, the project; the quota's ``location``)
+read here too (:mod:`shared.adapters.tpu_errors`), so the planner never reads message text.
 
 Error classes and their signals::
 
@@ -42,6 +44,13 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import duration_pb2, json_format
 
+from shared.adapters.tpu_errors import (
+    error_scope,
+    failed_operation,
+    in_request_zone,
+    quota_message_location,
+    zone_of_operation,
+)
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import RPC_CODE_NAMES, CloudError, ErrorClass
@@ -234,12 +243,15 @@ def classify_tpu_error(
     surfaced: str,
     code: int | None = None,
     verb: str | None = None,
+    zone: str | None = None,
 ) -> CloudError:
     """THE mapping from a provider error to a :class:`CloudError` (sync answers and operation errors alike).
 
     ``status`` is the canonical name (``RESOURCE_EXHAUSTED``…); ``surfaced`` is ``sync`` or ``operation``
     (quota arrives synchronously, capacity on the operation, so the same status means different things);
-    ``verb`` is the operation's verb when known (an INTERNAL error on a create is an opaque stockout).
+    ``verb`` is the operation's verb when known (an INTERNAL error on a create is an opaque stockout);
+    ``zone`` the zone of the request when known (a permission error naming it is about that zone). The
+    error's ``scope`` and quota ``location`` are read here (:mod:`shared.adapters.tpu_errors`), once.
     """
     info = _error_info(details)
     reason = str(info.get("reason", ""))
@@ -271,10 +283,16 @@ def classify_tpu_error(
     if location is None:
         match = _LOCATION.search(message)
         location = match.group(1) if match else None
-    return CloudError(error_class, message, code=code, quota_id=quota_id, location=location, surfaced=surfaced)
+    scope = error_scope(error_class, message, zone=zone)
+    location = location or quota_message_location(scope, message)
+    return CloudError(
+        error_class, message, code=code, quota_id=quota_id, location=location, surfaced=surfaced, scope=scope
+    )
 
 
-def cloud_error_from_status(status: Mapping[str, Any], *, verb: str | None = None) -> CloudError:
+def cloud_error_from_status(
+    status: Mapping[str, Any], *, verb: str | None = None, zone: str | None = None
+) -> CloudError:
     """A ``google.rpc.Status`` (an operation's ``error`` or a queued resource's ``failedData.error``)."""
     code = int(status.get("code", 2) or 2)
     details = [item for item in status.get("details", ()) if isinstance(item, Mapping)]
@@ -285,6 +303,7 @@ def cloud_error_from_status(status: Mapping[str, Any], *, verb: str | None = Non
         surfaced="operation",
         code=code,
         verb=verb,
+        zone=zone,
     )
 
 
@@ -317,7 +336,11 @@ def cloud_error_from_exception(exc: BaseException) -> CloudError:
     if isinstance(exc, gexc.GoogleAPICallError):
         if isinstance(exc.response, operations_pb2.Operation):  # raised by operation.result(): an LRO error
             operation = exc.response
-            return cloud_error_from_status(json_format.MessageToDict(operation.error), verb=_op_verb(operation))
+            return cloud_error_from_status(
+                json_format.MessageToDict(operation.error),
+                verb=_op_verb(operation),
+                zone=zone_of_operation(operation.name),
+            )
         envelope = _envelope_of(exc.response) if exc.response is not None else {}
         http_code = exc.code if isinstance(exc.code, int) else None
         grpc_code = getattr(exc, "grpc_status_code", None)
@@ -446,9 +469,8 @@ def _op_verb(op: operations_pb2.Operation) -> str | None:
 def _op_status(op: operations_pb2.Operation) -> OperationStatus:
     if op.done and op.HasField("error"):
         status = json_format.MessageToDict(op.error)
-        error = cloud_error_from_status(status, verb=_op_verb(op))
-        return OperationStatus(
-            name=op.name, done=True, error_class=error.error_class, error_code=error.code, error_message=error.message
+        return failed_operation(
+            op.name, cloud_error_from_status(status, verb=_op_verb(op), zone=zone_of_operation(op.name))
         )
     return OperationStatus(name=op.name, done=bool(op.done))
 
@@ -459,10 +481,10 @@ def _op_status_from_json(body: Mapping[str, Any]) -> OperationStatus:
     error = body.get("error")
     if done and isinstance(error, Mapping):
         verb = (body.get("metadata") or {}).get("verb")
-        cloud = cloud_error_from_status(error, verb=verb if isinstance(verb, str) else None)
-        return OperationStatus(
-            name=name, done=True, error_class=cloud.error_class, error_code=cloud.code, error_message=cloud.message
+        cloud = cloud_error_from_status(
+            error, verb=verb if isinstance(verb, str) else None, zone=zone_of_operation(name)
         )
+        return failed_operation(name, cloud)
     return OperationStatus(name=name, done=done)
 
 
@@ -616,7 +638,7 @@ class GcpTpuApi:
             queued_resource=queued,
             request_id=request.request_id,
         )
-        with _translated():
+        with in_request_zone(request.zone), _translated():
             operation = self.client.create_queued_resource(request=create, timeout=self._timeout_s)
         return _op_status(operation.operation)
 
@@ -640,7 +662,8 @@ class GcpTpuApi:
         if request.valid_until_s:
             body["queueingPolicy"] = {"validUntilDuration": f"{request.valid_until_s}s"}
         params = {"queuedResourceId": request.resource_id, "requestId": request.request_id}
-        answer = self._rest("POST", f"v2alpha1/{parent}/queuedResources", params=params, body=body)
+        with in_request_zone(request.zone):
+            answer = self._rest("POST", f"v2alpha1/{parent}/queuedResources", params=params, body=body)
         return _op_status_from_json(answer)
 
     def _node_placement(self, request: ProvisionRequest) -> dict[str, Any]:

@@ -181,9 +181,7 @@ def learn_for_backend(
             update={"key": key, "tier": None, "failures": failures, "until": now + timedelta(seconds=duration)}
         )
     if cls in (ErrorClass.UNSUPPORTED, ErrorClass.INVALID):
-        head, rest = entry.key.split("/", 1)
-        if cls is ErrorClass.UNSUPPORTED and "unknown zone" in failure.message.lower():
-            rest = f"zone/{zone}"
+        head, rest = entry.key.split("/", 1)  # the zone, accelerator or tier the adapter's scope named
         key = f"{head}{BACKEND_TAG}/{rest}"
         return entry.model_copy(update={"key": key, "failures": _failures(memory, key)})
     return entry

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.domain.errors import ErrorClass
+from shared.domain.errors import ErrorClass, ErrorScope
 from shared.domain.models import Backend, NodeState, QueuedResourceState, Tier
 
 __all__ = [
@@ -101,6 +101,10 @@ class OperationStatus(BaseModel):
     error_class: ErrorClass | None = None
     error_code: int | None = None
     error_message: str = ""
+    error_scope: ErrorScope | None = None
+    error_quota_id: str | None = None
+    error_location: str | None = None
+    """What the error is about, read by the adapter that classified it (``CloudError.scope`` & co.)."""
 
 
 class ObservedResource(BaseModel):

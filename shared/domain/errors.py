@@ -29,6 +29,7 @@ __all__ = [
     "ConflictError",
     "ControllerError",
     "ErrorClass",
+    "ErrorScope",
     "InvalidMessage",
     "LeaseHeld",
     "NotOwned",
@@ -124,6 +125,22 @@ class ErrorClass(StrEnum):
     UNKNOWN = "unknown"
 
 
+class ErrorScope(StrEnum):
+    """What a provider error is about, as the adapter read it (so the planner never reads message text).
+
+    ``unsupported`` errors name a ``zone`` the API does not serve, an ``accelerator`` the zone lacks, or a
+    ``tier`` (provisioning model, e.g. flex-start) not offered for the accelerator there; ``permission``
+    errors name a denied ``zone`` (location policy) or the ``project`` (a missing IAM permission); quota
+    errors name their ``zone`` or ``region``.
+    """
+
+    PROJECT = "project"
+    REGION = "region"
+    ZONE = "zone"
+    ACCELERATOR = "accelerator"
+    TIER = "tier"
+
+
 _TRANSIENT_CLASSES = frozenset({ErrorClass.RATE_LIMIT, ErrorClass.TRANSIENT, ErrorClass.UNKNOWN})
 
 
@@ -131,11 +148,15 @@ class CloudError(ControllerError):
     """A provider error, classified once by the adapter that saw it.
 
     ``quota_id`` and ``scope`` (``zone`` or ``region``) are set for quota errors; ``location`` is the
-    zone or region the error names. ``surfaced`` says where it arrived: ``sync`` (the HTTP answer) or
-    ``operation`` (the long-running operation's error). Constructing ``CloudError`` (or a subclass that
-    is not yet in either family) yields an instance that is also exactly one of ``PermanentError`` and
-    ``TransientError``, chosen by ``error_class``.
+    zone or region the error names; ``scope`` (an :class:`ErrorScope`) also says what an ``unsupported``
+    or ``permission`` error is about (None: the adapter could not tell; the planner then reads an
+    ``unsupported`` error as the accelerator's and a ``permission`` error as the project's). ``surfaced``
+    says where it arrived: ``sync`` (the HTTP answer) or ``operation`` (the long-running operation's error).
+    Constructing ``CloudError`` (or a subclass that is not yet in either family) yields an instance that is
+    also exactly one of ``PermanentError`` and ``TransientError``, chosen by ``error_class``.
     """
+
+    scope: ErrorScope | None = None  # class default: errors pickled before the field existed unpickle with None
 
     def __new__(cls, error_class: ErrorClass, *args: object, **kwargs: object) -> CloudError:
         if not issubclass(cls, (PermanentError, TransientError)):
@@ -151,6 +172,7 @@ class CloudError(ControllerError):
         quota_id: str | None = None,
         location: str | None = None,
         surfaced: str = "sync",
+        scope: ErrorScope | None = None,
     ) -> None:
         super().__init__(message)
         self.error_class = error_class
@@ -159,6 +181,7 @@ class CloudError(ControllerError):
         self.quota_id = quota_id
         self.location = location
         self.surfaced = surfaced
+        self.scope = scope
 
     @property
     def transient(self) -> bool:

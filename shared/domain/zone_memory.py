@@ -20,18 +20,21 @@ unparsed       ``unknown/{zone}/{family}/{tier}``          one free retry, then 
 =============  ==========================================  ===============================================
 
 Transient errors (5xx, timeouts) teach nothing: the same request is simply retried on the next tick.
+
+What each error class teaches is one row of ``_LESSONS``; where a lesson depends on what the error is
+about (which quota, which location, a zone vs an accelerator vs a tier), it reads the fields the adapter
+set when it classified the error (``CloudFailure.scope``, ``quota_id``, ``location``), never message text.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from shared.domain.cloud import accelerator_family
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.cloud import OperationStatus, accelerator_family
+from shared.domain.errors import CloudError, ErrorClass, ErrorScope
 from shared.domain.models import Tier, ZoneMemoryEntry, region_of
 from shared.domain.prices import price_per_chip_hour
 
@@ -66,9 +69,7 @@ PriceFn = Callable[[str, Tier, str], float | None]
 # (flex-start and spot list at roughly half and a quarter to a half of on-demand; tpu-api.md §8).
 _TIER_PRICE_FACTOR = {Tier.RESERVATION: 0.7, Tier.FLEX_START: 0.5, Tier.SPOT: 0.45, Tier.ON_DEMAND: 1.0}
 _DEFAULT_ON_DEMAND = 2.70
-_QUOTA_SUFFIX = re.compile(r"PerProjectPer(Zone|Region)ForTPUAPI$", re.IGNORECASE)
-_IN_REGION = re.compile(r"in region ([a-z]+-[a-z]+[0-9]+)\b")
-_IN_ZONE = re.compile(r"in zone ([a-z]+-[a-z]+[0-9]+-[a-z0-9]+)\b")
+_QUOTA_SUFFIXES = ("perprojectperzonefortpuapi", "perprojectperregionfortpuapi")
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,11 @@ class MemoryPolicy:
 
 @dataclass(frozen=True)
 class CloudFailure:
-    """A classified provider error, as the planner needs it (a ``CloudError`` without the exception)."""
+    """A classified provider error, as the planner needs it (a ``CloudError`` without the exception).
+
+    ``message`` is kept for people (it becomes the memory entry's ``reason``); what the planner acts on is
+    ``error_class`` and the fields the adapter read from the error: ``scope``, ``quota_id``, ``location``.
+    """
 
     error_class: ErrorClass
     message: str = ""
@@ -102,6 +107,7 @@ class CloudFailure:
     location: str | None = None
     code: int | None = None
     surfaced: str = "sync"
+    scope: ErrorScope | None = None
 
     @classmethod
     def from_error(cls, error: CloudError) -> CloudFailure:
@@ -112,6 +118,20 @@ class CloudFailure:
             location=error.location,
             code=error.code,
             surfaced=error.surfaced,
+            scope=error.scope,
+        )
+
+    @classmethod
+    def from_operation(cls, op: OperationStatus) -> CloudFailure:
+        """The failure of a finished operation (``op.error_class`` set), with the fields its adapter read."""
+        assert op.error_class is not None
+        return cls(
+            error_class=op.error_class,
+            message=op.error_message,
+            location=op.error_location,
+            code=op.error_code,
+            surfaced="operation",
+            scope=op.error_scope,
         )
 
 
@@ -134,7 +154,11 @@ def stockout_key(zone: str, family: str, tier: Tier) -> str:
 
 def quota_pool(quota_id: str) -> str:
     """``TPUV6EPreemptiblePerProjectPerRegionForTPUAPI`` -> ``TPUV6EPreemptible`` (zone and region share it)."""
-    return _QUOTA_SUFFIX.sub("", quota_id.strip())
+    name = quota_id.strip()
+    for suffix in _QUOTA_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _pools_for(family: str, tier: Tier) -> frozenset[str]:
@@ -190,6 +214,140 @@ def _backoff(base_s: float, cap_s: float, failures: int) -> float:
     return float(min(cap_s, base_s * (2 ** min(failures - 1, 30))))
 
 
+@dataclass(frozen=True)
+class _Situation:
+    """A failed request, as a lesson reads it: the failure and the (zone, tier, accelerator) it hit."""
+
+    failure: CloudFailure
+    zone: str
+    tier: Tier
+    accelerator: str
+    family: str
+    region: str
+
+
+@dataclass(frozen=True)
+class _Place:
+    """What a memory entry records about where it applies (beside its key)."""
+
+    zone: str | None = None
+    region: str | None = None
+    tier: Tier | None = None
+    quota_id: str | None = None
+
+
+@dataclass(frozen=True)
+class _Lesson:
+    """What one error class teaches: the key it is remembered under, the kind of entry, how long it lasts
+    (from the policy and the failure count), where it applies, and whether repeats are counted."""
+
+    kind: Literal["cooldown", "block", "unsupported"]
+    key: Callable[[_Situation], str]
+    duration: Callable[[MemoryPolicy, int], float | None]
+    place: Callable[[_Situation], _Place]
+    counted: bool = True
+    recorded_as: ErrorClass | None = None
+    """The class the entry records; None: the failure's own."""
+
+
+def _the_pair(s: _Situation) -> _Place:
+    return _Place(zone=s.zone, region=s.region, tier=s.tier)
+
+
+def _nowhere(s: _Situation) -> _Place:
+    return _Place()
+
+
+def _stockout_key(s: _Situation) -> str:
+    return stockout_key(s.zone, s.family, s.tier)
+
+
+def _quota_scope(s: _Situation) -> str:
+    return "zone" if s.failure.error_class is ErrorClass.QUOTA_ZONE else "region"
+
+
+def _quota_location(s: _Situation) -> str:
+    """The zone or region the quota error names (the adapter's ``location``), else the request's own."""
+    scope, location = _quota_scope(s), s.failure.location
+    if location:
+        return region_of(location) if scope == "region" and location.count("-") >= 2 else location
+    return s.zone if scope == "zone" else s.region
+
+
+def _quota_key(s: _Situation) -> str:
+    pool = quota_pool(s.failure.quota_id) if s.failure.quota_id else f"tier-{s.tier.value}"
+    return f"quota/{_quota_scope(s)}/{_quota_location(s)}/{pool}"
+
+
+def _quota_place(s: _Situation) -> _Place:
+    location = _quota_location(s)
+    if _quota_scope(s) == "zone":
+        return _Place(zone=location, region=region_of(location), tier=s.tier, quota_id=s.failure.quota_id)
+    return _Place(region=location, tier=s.tier, quota_id=s.failure.quota_id)
+
+
+# An unsupported error drops the pair its scope names: the zone, the accelerator in it, or one tier of it.
+_UNSUPPORTED_KEYS: Mapping[ErrorScope | None, Callable[[_Situation], str]] = {
+    ErrorScope.TIER: lambda s: f"unsupported/tier/{s.zone}/{s.accelerator}/{s.tier.value}",
+    ErrorScope.ZONE: lambda s: f"unsupported/zone/{s.zone}",
+}
+
+
+def _unsupported_key(s: _Situation) -> str:
+    default = f"unsupported/accelerator/{s.zone}/{s.accelerator}"
+    make = _UNSUPPORTED_KEYS.get(s.failure.scope)
+    return make(s) if make is not None else default
+
+
+def _location_denied(s: _Situation) -> bool:
+    return s.failure.scope is ErrorScope.ZONE
+
+
+def _permission_key(s: _Situation) -> str:
+    return f"permission/zone/{s.zone}" if _location_denied(s) else "permission/project"
+
+
+def _permission_place(s: _Situation) -> _Place:
+    return _Place(zone=s.zone, region=s.region) if _location_denied(s) else _Place()
+
+
+_STOCKOUT = _Lesson(
+    "cooldown",
+    _stockout_key,
+    lambda p, n: _backoff(p.stockout_base_s, p.stockout_max_s, n),
+    _the_pair,
+    recorded_as=ErrorClass.STOCKOUT,
+)
+_QUOTA = _Lesson("block", _quota_key, lambda p, n: _backoff(p.quota_recheck_s, p.quota_max_s, n), _quota_place)
+
+_LESSONS: Mapping[ErrorClass, _Lesson | None] = {
+    ErrorClass.STOCKOUT: _STOCKOUT,
+    ErrorClass.FAILED_PRECONDITION: _STOCKOUT,
+    ErrorClass.QUOTA_ZONE: _QUOTA,
+    ErrorClass.QUOTA_REGION: _QUOTA,
+    ErrorClass.UNSUPPORTED: _Lesson(
+        "unsupported", _unsupported_key, lambda p, n: p.unsupported_s, _the_pair, counted=False
+    ),
+    ErrorClass.INVALID: _Lesson(
+        "block", lambda s: f"invalid/{s.zone}/{s.accelerator}/{s.tier.value}", lambda p, n: p.invalid_s, _the_pair
+    ),
+    ErrorClass.PERMISSION: _Lesson(
+        "block", _permission_key, lambda p, n: p.permission_s, _permission_place, counted=False
+    ),
+    ErrorClass.RATE_LIMIT: _Lesson("cooldown", lambda s: RATE_LIMIT_KEY, lambda p, n: p.rate_limit_s, _nowhere),
+    ErrorClass.UNKNOWN: _Lesson(
+        "cooldown",
+        lambda s: f"unknown/{s.zone}/{s.family}/{s.tier.value}",
+        lambda p, n: 0.0 if n == 1 else p.unknown_s,  # one free retry, then a short cooldown
+        _the_pair,
+    ),
+    # The same request may pass next tick, or the error is bookkeeping: nothing to learn about the zone.
+    ErrorClass.TRANSIENT: None,
+    ErrorClass.NOT_FOUND: None,
+    ErrorClass.ALREADY_EXISTS: None,
+}
+
+
 def learn(
     failure: CloudFailure,
     *,
@@ -202,103 +360,26 @@ def learn(
 ) -> ZoneMemoryEntry | None:
     """The memory entry a failed request in (zone, tier) teaches, or None when it teaches nothing."""
     policy = policy or MemoryPolicy()
-    family = accelerator_family(accelerator)
-    region = region_of(zone)
-    cls = failure.error_class
-    text = failure.message
-    if cls in (ErrorClass.STOCKOUT, ErrorClass.FAILED_PRECONDITION):
-        key = stockout_key(zone, family, tier)
-        failures = _next_failures(memory, key)
-        duration = _backoff(policy.stockout_base_s, policy.stockout_max_s, failures)
-        return _entry(
-            key,
-            "cooldown",
-            ErrorClass.STOCKOUT.value,
-            now,
-            duration,
-            failures=failures,
-            zone=zone,
-            region=region,
-            tier=tier,
-            reason=text,
-        )
-    if cls in (ErrorClass.QUOTA_ZONE, ErrorClass.QUOTA_REGION):
-        scope = "zone" if cls is ErrorClass.QUOTA_ZONE else "region"
-        location = _quota_location(failure, scope, zone)
-        pool = quota_pool(failure.quota_id) if failure.quota_id else f"tier-{tier.value}"
-        key = f"quota/{scope}/{location}/{pool}"
-        failures = _next_failures(memory, key)
-        duration = _backoff(policy.quota_recheck_s, policy.quota_max_s, failures)
-        return _entry(
-            key,
-            "block",
-            cls.value,
-            now,
-            duration,
-            failures=failures,
-            zone=location if scope == "zone" else None,
-            region=region_of(location) if scope == "zone" else location,
-            tier=tier,
-            quota_id=failure.quota_id,
-            reason=text,
-        )
-    if cls is ErrorClass.UNSUPPORTED:
-        lowered = text.lower()
-        if "provisioning model" in lowered or "flex_start" in lowered:
-            key = f"unsupported/tier/{zone}/{accelerator}/{tier.value}"
-        elif "zone" in lowered and "not supported" in lowered:
-            key = f"unsupported/zone/{zone}"
-        else:
-            key = f"unsupported/accelerator/{zone}/{accelerator}"
-        return _entry(
-            key, "unsupported", cls.value, now, policy.unsupported_s, zone=zone, region=region, tier=tier, reason=text
-        )
-    if cls is ErrorClass.INVALID:
-        key = f"invalid/{zone}/{accelerator}/{tier.value}"
-        return _entry(
-            key,
-            "block",
-            cls.value,
-            now,
-            policy.invalid_s,
-            failures=_next_failures(memory, key),
-            zone=zone,
-            region=region,
-            tier=tier,
-            reason=text,
-        )
-    if cls is ErrorClass.PERMISSION:
-        if _is_location_permission(text, zone):
-            key = f"permission/zone/{zone}"
-            return _entry(key, "block", cls.value, now, policy.permission_s, zone=zone, region=region, reason=text)
-        return _entry("permission/project", "block", cls.value, now, policy.permission_s, reason=text)
-    if cls is ErrorClass.RATE_LIMIT:
-        return _entry(
-            RATE_LIMIT_KEY,
-            "cooldown",
-            cls.value,
-            now,
-            policy.rate_limit_s,
-            failures=_next_failures(memory, RATE_LIMIT_KEY),
-            reason=text,
-        )
-    if cls is ErrorClass.UNKNOWN:
-        key = f"unknown/{zone}/{family}/{tier.value}"
-        failures = _next_failures(memory, key)
-        duration = 0.0 if failures == 1 else policy.unknown_s
-        return _entry(
-            key,
-            "cooldown",
-            cls.value,
-            now,
-            duration,
-            failures=failures,
-            zone=zone,
-            region=region,
-            tier=tier,
-            reason=text,
-        )
-    return None  # TRANSIENT, NOT_FOUND, ALREADY_EXISTS: nothing to learn about the zone
+    situation = _Situation(failure, zone, tier, accelerator, accelerator_family(accelerator), region_of(zone))
+    lesson = _LESSONS.get(failure.error_class)
+    if lesson is None:
+        return None
+    key = lesson.key(situation)
+    failures = _next_failures(memory, key) if lesson.counted else 1
+    place = lesson.place(situation)
+    return _entry(
+        key,
+        lesson.kind,
+        (lesson.recorded_as or failure.error_class).value,
+        now,
+        lesson.duration(policy, failures),
+        failures=failures,
+        zone=place.zone,
+        region=place.region,
+        tier=place.tier,
+        quota_id=place.quota_id,
+        reason=failure.message,
+    )
 
 
 def learn_preemption(
@@ -358,26 +439,6 @@ def learn_stuck(
         tier=tier,
         reason=f"stuck in PROVISIONING for {minutes:.0f} min",
     )
-
-
-def _quota_location(failure: CloudFailure, scope: str, zone: str) -> str:
-    if failure.location:
-        location = failure.location
-        if scope == "region" and location.count("-") >= 2:
-            return region_of(location)
-        return location
-    match = (_IN_ZONE if scope == "zone" else _IN_REGION).search(failure.message)
-    if match:
-        return match.group(1)
-    return zone if scope == "zone" else region_of(zone)
-
-
-def _is_location_permission(text: str, zone: str) -> bool:
-    """A denied location blocks one zone; a missing IAM permission (``Permission 'x' denied``) the project."""
-    if re.search(r"permission '[a-z0-9_.]+' denied", text, re.IGNORECASE):
-        return False
-    lowered = text.lower()
-    return "location_policy_violated" in lowered or "locations/" in lowered or "location " in lowered or zone in lowered
 
 
 def _blocks(entry: ZoneMemoryEntry, zone: str, tier: Tier, accelerator: str) -> bool:

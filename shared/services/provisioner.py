@@ -523,7 +523,7 @@ class Provisioner:
                 continue
             failure = None
             if op.error_class is not None:
-                failure = CloudFailure(op.error_class, op.error_message, code=op.error_code, surfaced="operation")
+                failure = CloudFailure.from_operation(op)
             outcomes[ref.name] = OperationOutcome(done=True, failure=failure)
         return outcomes
 
@@ -630,7 +630,7 @@ class Provisioner:
             result.failures.append(f"{request.resource_id}:{op.error_class.value}")
             return OperationOutcome(
                 done=True,
-                failure=CloudFailure(op.error_class, op.error_message, code=op.error_code, surfaced="operation"),
+                failure=CloudFailure.from_operation(op),
             )
         self._pending_patches[request.resource_id] = {
             "state": QueuedResourceState.CREATING,

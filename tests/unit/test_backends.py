@@ -15,7 +15,7 @@ from shared.domain.backends import (
     memory_view,
     rank_backends,
 )
-from shared.domain.errors import ErrorClass
+from shared.domain.errors import ErrorClass, ErrorScope
 from shared.domain.models import Backend, Tier, ZoneMemoryEntry
 from shared.domain.quota import compute_pool, compute_quota_ids, quota_alternatives, quota_blocking_entry
 from shared.domain.zone_memory import CloudFailure, blocking_entry, learn
@@ -129,7 +129,11 @@ class TestQuotaPerBackEnd:
 
 class TestCatalogueFacts:
     def test_an_unknown_zone_on_compute_engine_drops_the_zone_there_only(self) -> None:
-        failure = CloudFailure(ErrorClass.UNSUPPORTED, "Invalid value for field 'zone': 'asia-east1-a'. Unknown zone.")
+        failure = CloudFailure(
+            ErrorClass.UNSUPPORTED,
+            "Invalid value for field 'zone': 'asia-east1-a'. Unknown zone.",
+            scope=ErrorScope.ZONE,  # as the Compute Engine adapter reads "Unknown zone"
+        )
         memory = learned(failure, Backend.COMPUTE_ENGINE, zone="asia-east1-a")
         assert list(memory) == ["unsupported@compute-engine/zone/asia-east1-a"]
         for tier in Tier:
@@ -137,7 +141,9 @@ class TestCatalogueFacts:
             assert blocking_entry_for(memory, "asia-east1-a", tier, ACC, Backend.TPU_API, NOW) is None
 
     def test_a_zone_the_tpu_api_does_not_serve_stays_open_to_compute_engine(self) -> None:
-        failure = CloudFailure(ErrorClass.UNSUPPORTED, 'The requested zone "asia-northeast1-a" is not supported.')
+        failure = CloudFailure(
+            ErrorClass.UNSUPPORTED, 'The requested zone "asia-northeast1-a" is not supported.', scope=ErrorScope.ZONE
+        )
         memory = learned(failure, Backend.TPU_API, zone="asia-northeast1-a")
         assert blocking_entry_for(memory, "asia-northeast1-a", Tier.SPOT, ACC, Backend.TPU_API, NOW) is not None
         assert blocking_entry_for(memory, "asia-northeast1-a", Tier.SPOT, ACC, Backend.COMPUTE_ENGINE, NOW) is None

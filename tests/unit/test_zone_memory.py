@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.errors import CloudError, ErrorClass, ErrorScope
 from shared.domain.models import Tier, ZoneMemoryEntry
 from shared.domain.ratelimit import TokenBucket
 from shared.domain.zone_memory import (
@@ -142,18 +142,21 @@ class TestQuota:
 
 
 class TestCatalogueFacts:
+    # The scope is what the adapter reads from each message (tests/adapters/test_error_scope.py checks that).
     @pytest.mark.parametrize(
-        ("message", "key", "blocked", "allowed"),
+        ("message", "scope", "key", "blocked", "allowed"),
         [
             (
                 'The requested accelerator configuration for accelerator type, "v6e-4", could not be found in the '
                 'zonal accelerator configurations for "asia-east1-a".',
+                ErrorScope.ACCELERATOR,
                 "unsupported/accelerator/asia-east1-a/v6e-4",
                 [(Tier.SPOT, "v6e-4"), (Tier.ON_DEMAND, "v6e-4")],
                 [(Tier.SPOT, "v6e-8")],
             ),
             (
                 'Cloud TPU received a bad request. The requested zone "asia-east1-a" is not supported.',
+                ErrorScope.ZONE,
                 "unsupported/zone/asia-east1-a",
                 [(Tier.SPOT, "v6e-4"), (Tier.ON_DEMAND, "v6e-8")],
                 [],
@@ -161,6 +164,7 @@ class TestCatalogueFacts:
             (
                 'FLEX_START provisioning model is not supported for accelerator type "v6e-4" in location '
                 '"asia-east1-a"',
+                ErrorScope.TIER,
                 "unsupported/tier/asia-east1-a/v6e-4/flex_start",
                 [(Tier.FLEX_START, "v6e-4")],
                 [(Tier.SPOT, "v6e-4"), (Tier.FLEX_START, "v6e-8")],
@@ -168,10 +172,16 @@ class TestCatalogueFacts:
         ],
     )
     def test_unsupported_drops_exactly_the_pair_the_message_names(
-        self, message: str, key: str, blocked: list[tuple[Tier, str]], allowed: list[tuple[Tier, str]]
+        self,
+        message: str,
+        scope: ErrorScope,
+        key: str,
+        blocked: list[tuple[Tier, str]],
+        allowed: list[tuple[Tier, str]],
     ) -> None:
         memory: dict[str, ZoneMemoryEntry] = {}
-        entry = _learn(CloudFailure(ErrorClass.UNSUPPORTED, message), memory, zone="asia-east1-a", tier=Tier.FLEX_START)
+        failure = CloudFailure(ErrorClass.UNSUPPORTED, message, scope=scope)
+        entry = _learn(failure, memory, zone="asia-east1-a", tier=Tier.FLEX_START)
         assert entry.key == key
         assert entry.kind == "unsupported"
         assert entry.until is not None and entry.until - NOW >= timedelta(days=1)
@@ -184,7 +194,9 @@ class TestCatalogueFacts:
         memory: dict[str, ZoneMemoryEntry] = {}
         entry = _learn(
             CloudFailure(
-                ErrorClass.PERMISSION, "Permission denied on 'locations/us-central2-b' (or it may not exist)."
+                ErrorClass.PERMISSION,
+                "Permission denied on 'locations/us-central2-b' (or it may not exist).",
+                scope=ErrorScope.ZONE,
             ),
             memory,
             zone="us-central2-b",
@@ -196,7 +208,10 @@ class TestCatalogueFacts:
 
     def test_a_missing_iam_permission_is_charged_to_the_project_not_to_a_zone(self) -> None:
         memory: dict[str, ZoneMemoryEntry] = {}
-        entry = _learn(CloudFailure(ErrorClass.PERMISSION, "Permission 'tpu.queuedResources.create' denied"), memory)
+        failure = CloudFailure(
+            ErrorClass.PERMISSION, "Permission 'tpu.queuedResources.create' denied", scope=ErrorScope.PROJECT
+        )
+        entry = _learn(failure, memory)
         assert entry.key == "permission/project"
         assert blocking_entry(memory, "europe-west4-a", Tier.ON_DEMAND, ACC, NOW) is entry
 
@@ -251,7 +266,9 @@ class TestOtherClasses:
     def test_entries_are_forgotten_a_day_after_they_expire(self) -> None:
         memory: dict[str, ZoneMemoryEntry] = {}
         stockout = _learn(CloudFailure(ErrorClass.STOCKOUT), memory)
-        permission = _learn(CloudFailure(ErrorClass.PERMISSION, "LOCATION_POLICY_VIOLATED"), memory)
+        permission = _learn(
+            CloudFailure(ErrorClass.PERMISSION, "LOCATION_POLICY_VIOLATED", scope=ErrorScope.ZONE), memory
+        )
         assert prune(memory, NOW + timedelta(hours=2)) == []
         later = prune(memory, NOW + timedelta(days=2))
         assert stockout.key in later
