@@ -19,13 +19,13 @@ names in :data:`COMPUTE_ENDPOINTS` and answer in Compute Engine's error envelope
 
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 from localcloud.tpu_sim.compute import ComputeApiError
+from localcloud.tpu_sim.routing import compile_routes, find_route
 from localcloud.tpu_sim.world import World
 
 __all__ = ["COMPUTE_ENDPOINTS", "COMPUTE_PREFIXES", "COMPUTE_SERVICE_ID", "catalog_skus", "compute_dispatch"]
@@ -149,106 +149,119 @@ def catalog_skus(world: World) -> list[dict[str, Any]]:
     return skus
 
 
-def _routes() -> list[tuple[str, re.Pattern[str], str, Handler]]:
-    def insert(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.insert(p["project"], p["zone"], b, request_id=q.get("requestId"))
-
-    def list_instances(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        items = w.compute.list_instances(p["project"], p["zone"], q.get("filter", ""))
-        status, body = _page(items, "items", q, "maxResults")
-        return status, {"kind": "compute#instanceList", **body}
-
-    def aggregated(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, {
-            "kind": "compute#instanceAggregatedList",
-            "items": w.compute.aggregated(p["project"], q.get("filter", "")),
-        }
-
-    def get_instance(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.get(p["project"], p["zone"], p["name"])
-
-    def delete_instance(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.delete(p["project"], p["zone"], p["name"], request_id=q.get("requestId"))
-
-    def stop(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.stop(p["project"], p["zone"], p["name"])
-
-    def start(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.start(p["project"], p["zone"], p["name"])
-
-    def guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.guest_attributes(
-            p["project"], p["zone"], p["name"], q.get("queryPath", ""), q.get("variableKey", "")
-        )
-
-    def get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.get_operation(p["project"], p["zone"], p["name"])
-
-    def list_ops(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.compute.list_operations(p["project"], p["zone"]), "items", q, "maxResults")
-
-    def machine_types(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.compute.machine_types(p["project"], p["zone"]), "items", q, "maxResults")
-
-    def machine_type(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.compute.machine_type(p["project"], p["zone"], p["name"])
-
-    def services(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        service = {
-            "name": f"services/{COMPUTE_SERVICE_ID}",
-            "serviceId": COMPUTE_SERVICE_ID,
-            "displayName": "Compute Engine",
-            "businessEntityName": "businessEntities/GCP",
-        }
-        return 200, {"services": [service]}
-
-    def skus(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        if p["service"] != COMPUTE_SERVICE_ID:
-            raise ComputeApiError(404, f"Service services/{p['service']} not found", reason="notFound")
-        return _page(catalog_skus(w), "skus", q, "pageSize", w.scenario.billing_catalog.page_size)
-
-    table: list[tuple[str, str, str, Handler]] = [
-        ("POST", _ZONE + r"/instances$", "compute.instances.insert", insert),
-        ("GET", _ZONE + r"/instances$", "compute.instances.list", list_instances),
-        ("GET", _ZONE + r"/instances/(?P<name>[^/]+)$", "compute.instances.get", get_instance),
-        ("DELETE", _ZONE + r"/instances/(?P<name>[^/]+)$", "compute.instances.delete", delete_instance),
-        ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/stop$", "compute.instances.stop", stop),
-        ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/start$", "compute.instances.start", start),
-        (
-            "GET",
-            _ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$",
-            "compute.instances.getGuestAttributes",
-            guest_attributes,
-        ),
-        ("GET", _PROJECT + r"/aggregated/instances$", "compute.instances.aggregatedList", aggregated),
-        ("GET", _ZONE + r"/operations$", "compute.zoneOperations.list", list_ops),
-        ("GET", _ZONE + r"/operations/(?P<name>[^/]+)$", "compute.zoneOperations.get", get_op),
-        ("POST", _ZONE + r"/operations/(?P<name>[^/]+)/wait$", "compute.zoneOperations.wait", get_op),
-        ("GET", _ZONE + r"/machineTypes$", "compute.machineTypes.list", machine_types),
-        ("GET", _ZONE + r"/machineTypes/(?P<name>[^/]+)$", "compute.machineTypes.get", machine_type),
-        ("GET", r"^/v1/services$", "cloudbilling.services.list", services),
-        ("GET", r"^/v1/services/(?P<service>[^/]+)/skus$", "cloudbilling.skus.list", skus),
-    ]
-    return [(method, re.compile(pattern), name, handler) for method, pattern, name, handler in table]
+def _insert(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.insert(p["project"], p["zone"], b, request_id=q.get("requestId"))
 
 
-ROUTES = _routes()
-COMPUTE_ENDPOINTS = sorted({name for _, _, name, _ in ROUTES})
+def _list_instances(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    items = w.compute.list_instances(p["project"], p["zone"], q.get("filter", ""))
+    status, body = _page(items, "items", q, "maxResults")
+    return status, {"kind": "compute#instanceList", **body}
+
+
+def _aggregated(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, {
+        "kind": "compute#instanceAggregatedList",
+        "items": w.compute.aggregated(p["project"], q.get("filter", "")),
+    }
+
+
+def _get_instance(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.get(p["project"], p["zone"], p["name"])
+
+
+def _delete_instance(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.delete(p["project"], p["zone"], p["name"], request_id=q.get("requestId"))
+
+
+def _stop(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.stop(p["project"], p["zone"], p["name"])
+
+
+def _start(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.start(p["project"], p["zone"], p["name"])
+
+
+def _guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.guest_attributes(
+        p["project"], p["zone"], p["name"], q.get("queryPath", ""), q.get("variableKey", "")
+    )
+
+
+def _get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.get_operation(p["project"], p["zone"], p["name"])
+
+
+def _list_ops(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.compute.list_operations(p["project"], p["zone"]), "items", q, "maxResults")
+
+
+def _machine_types(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.compute.machine_types(p["project"], p["zone"]), "items", q, "maxResults")
+
+
+def _machine_type(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.compute.machine_type(p["project"], p["zone"], p["name"])
+
+
+def _services(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    service = {
+        "name": f"services/{COMPUTE_SERVICE_ID}",
+        "serviceId": COMPUTE_SERVICE_ID,
+        "displayName": "Compute Engine",
+        "businessEntityName": "businessEntities/GCP",
+    }
+    return 200, {"services": [service]}
+
+
+def _skus(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    if p["service"] != COMPUTE_SERVICE_ID:
+        raise ComputeApiError(404, f"Service services/{p['service']} not found", reason="notFound")
+    return _page(catalog_skus(w), "skus", q, "pageSize", w.scenario.billing_catalog.page_size)
+
+
+# (method, path pattern, endpoint name used by fault injection, handler). Precedence: the first row whose
+# method equals the request's and whose pattern matches wins (routing.py); no two rows overlap today
+# ([^/]+ names stop at "/", so ".../instances/N" never takes ".../instances/N/stop").
+_TABLE: list[tuple[str, str, str, Handler]] = [
+    ("POST", _ZONE + r"/instances$", "compute.instances.insert", _insert),
+    ("GET", _ZONE + r"/instances$", "compute.instances.list", _list_instances),
+    ("GET", _ZONE + r"/instances/(?P<name>[^/]+)$", "compute.instances.get", _get_instance),
+    ("DELETE", _ZONE + r"/instances/(?P<name>[^/]+)$", "compute.instances.delete", _delete_instance),
+    ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/stop$", "compute.instances.stop", _stop),
+    ("POST", _ZONE + r"/instances/(?P<name>[^/]+)/start$", "compute.instances.start", _start),
+    (
+        "GET",
+        _ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$",
+        "compute.instances.getGuestAttributes",
+        _guest_attributes,
+    ),
+    ("GET", _PROJECT + r"/aggregated/instances$", "compute.instances.aggregatedList", _aggregated),
+    ("GET", _ZONE + r"/operations$", "compute.zoneOperations.list", _list_ops),
+    ("GET", _ZONE + r"/operations/(?P<name>[^/]+)$", "compute.zoneOperations.get", _get_op),
+    ("POST", _ZONE + r"/operations/(?P<name>[^/]+)/wait$", "compute.zoneOperations.wait", _get_op),
+    ("GET", _ZONE + r"/machineTypes$", "compute.machineTypes.list", _machine_types),
+    ("GET", _ZONE + r"/machineTypes/(?P<name>[^/]+)$", "compute.machineTypes.get", _machine_type),
+    ("GET", r"^/v1/services$", "cloudbilling.services.list", _services),
+    ("GET", r"^/v1/services/(?P<service>[^/]+)/skus$", "cloudbilling.skus.list", _skus),
+]
+
+ROUTES = compile_routes(_TABLE)
+COMPUTE_ENDPOINTS = sorted({route.endpoint for route in ROUTES})
 
 
 def compute_dispatch(world: World, method: str, path: str, query: Query, body: Any) -> Result:
     """Route one Compute Engine or billing-catalog call; errors are raised as ``ComputeApiError``."""
-    for route_method, pattern, name, handler in ROUTES:
-        if route_method != method:
-            continue
-        match = pattern.match(path)
-        if match is None:
-            continue
-        fault = world.take_fault(name)
-        if fault is not None:
-            if fault.latency_ms:
-                time.sleep(fault.latency_ms / 1000.0)
-            message = fault.message or _FAULT_MESSAGES.get(fault.status, f"HTTP {fault.status}")
-            raise ComputeApiError(fault.status, message, reason=_FAULT_REASONS.get(fault.status, "backendError"))
-        return handler(world, match.groupdict(), query, body)
-    raise ComputeApiError(404, f"The requested URL {method} {path} was not found on this server.", reason="notFound")
+    found = find_route(ROUTES, method, path)
+    if found is None:
+        raise ComputeApiError(
+            404, f"The requested URL {method} {path} was not found on this server.", reason="notFound"
+        )
+    route, params = found
+    fault = world.take_fault(route.endpoint)
+    if fault is not None:
+        if fault.latency_ms:
+            time.sleep(fault.latency_ms / 1000.0)
+        message = fault.message or _FAULT_MESSAGES.get(fault.status, f"HTTP {fault.status}")
+        raise ComputeApiError(fault.status, message, reason=_FAULT_REASONS.get(fault.status, "backendError"))
+    return route.handler(world, params, query, body)

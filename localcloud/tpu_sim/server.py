@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from localcloud.tpu_sim.compute_wire import COMPUTE_PREFIXES, compute_dispatch
 from localcloud.tpu_sim.quotas_wire import QUOTAS_PREFIX, quotas_dispatch
+from localcloud.tpu_sim.routing import compile_routes, find_route
 from localcloud.tpu_sim.scenario import FaultSpec
 from localcloud.tpu_sim.wire import HTTP_STATUS_NAMES, SimApiError
 from localcloud.tpu_sim.world import World
@@ -38,6 +39,7 @@ MAX_BODY = 4 * 1024 * 1024
 Query = dict[str, str]
 Result = tuple[int, Any]
 RouteHandler = Callable[[World, dict[str, str], Query, Any], Result]
+AdminHandler = Callable[[World, dict[str, str], Query, dict[str, Any]], Result]
 
 
 def _flag(query: Query, name: str) -> bool:
@@ -56,201 +58,314 @@ def _page(items: list[dict[str, Any]], key: str, query: Query, unreachable: list
     return 200, body
 
 
-def _routes() -> list[tuple[str, re.Pattern[str], str, RouteHandler]]:
-    """(method, path pattern, endpoint name used by fault injection, handler)."""
+# TPU API handlers: (world, path params, query, body) -> (status, body).
 
-    def create_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.create_queued_resource(
-            p["project"],
-            p["zone"],
-            q.get("queuedResourceId"),
-            b,
-            request_id=q.get("requestId"),
-            api_version=p["version"],
+
+def _create_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.create_queued_resource(
+        p["project"],
+        p["zone"],
+        q.get("queuedResourceId"),
+        b,
+        request_id=q.get("requestId"),
+        api_version=p["version"],
+    )
+
+
+def _list_qrs(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    items, unreachable = w.list_queued_resources(p["project"], p["zone"])
+    return _page(items, "queuedResources", q, unreachable)
+
+
+def _get_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.get_queued_resource(p["project"], p["zone"], p["id"])
+
+
+def _delete_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.delete_queued_resource(
+        p["project"], p["zone"], p["id"], force=_flag(q, "force"), request_id=q.get("requestId")
+    )
+
+
+def _reset_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.reset_queued_resource(p["project"], p["zone"], p["id"])
+
+
+def _create_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.create_node(
+        p["project"], p["zone"], q.get("nodeId"), b, request_id=q.get("requestId"), api_version=p["version"]
+    )
+
+
+def _list_nodes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    items, unreachable = w.list_nodes(p["project"], p["zone"])
+    return _page(items, "nodes", q, unreachable)
+
+
+def _get_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.get_node(p["project"], p["zone"], p["id"])
+
+
+def _delete_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.delete_node(p["project"], p["zone"], p["id"], request_id=q.get("requestId"))
+
+
+def _update_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.update_node(p["project"], p["zone"], p["id"], b or {}, q.get("updateMask", ""))
+
+
+def _stop_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.stop_node(p["project"], p["zone"], p["id"])
+
+
+def _start_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.start_node(p["project"], p["zone"], p["id"])
+
+
+def _guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.get_guest_attributes(p["project"], p["zone"], p["id"], b if isinstance(b, dict) else {})
+
+
+def _get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.get_operation(p["project"], p["zone"], p["id"])
+
+
+def _list_ops(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.list_operations(p["project"], p["zone"]), "operations", q)
+
+
+def _cancel_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    w.cancel_operation(p["project"], p["zone"], p["id"])
+    return 200, {}
+
+
+def _delete_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    w.delete_operation(p["project"], p["zone"], p["id"])
+    return 200, {}
+
+
+def _list_types(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.accelerator_types(p["project"], p["zone"]), "acceleratorTypes", q)
+
+
+def _get_type(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    for item in w.accelerator_types(p["project"], p["zone"]):
+        if item["type"] == p["id"]:
+            return 200, item
+    raise SimApiError(404, f"Accelerator type {p['id']!r} was not found in zone {p['zone']}")
+
+
+def _list_versions(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.runtime_versions(p["project"], p["zone"]), "runtimeVersions", q)
+
+
+def _get_version(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    for item in w.runtime_versions(p["project"], p["zone"]):
+        if item["version"] == p["id"]:
+            return 200, item
+    raise SimApiError(404, f"Runtime version {p['id']!r} was not found in zone {p['zone']}")
+
+
+def _list_locations(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return _page(w.locations(p["project"]), "locations", q)
+
+
+def _get_location(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    return 200, w.location(p["project"], p["zone"])
+
+
+def _list_reservations(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
+    spec = w.scenario.zones.get(p["zone"])
+    names = spec.reservations if spec else ()
+    parent = f"projects/{p['project']}/locations/{p['zone']}"
+    return 200, {"reservations": [{"name": f"{parent}/reservations/{name}"} for name in names]}
+
+
+_QR = _LOC + r"/queuedResources"
+_NODE = _LOC + r"/nodes"
+_OPS = _LOC + r"/operations"
+_ID = r"/(?P<id>[^/:]+)"
+
+# (method, path pattern, endpoint name used by fault injection, handler). Precedence: the first row whose
+# method equals the request's and whose pattern matches wins (routing.py). No two rows overlap today: ids
+# exclude "/" and ":", so ".../nodes/N" never takes ".../nodes/N:stop", and ".../locations" (list) never
+# takes ".../locations/Z" (get), which is last so it cannot shadow a longer path under a zone.
+_TPU_TABLE: list[tuple[str, str, str, RouteHandler]] = [
+    ("POST", _QR + r"$", "create_queued_resource", _create_qr),
+    ("GET", _QR + r"$", "list_queued_resources", _list_qrs),
+    ("GET", _QR + _ID + r"$", "get_queued_resource", _get_qr),
+    ("DELETE", _QR + _ID + r"$", "delete_queued_resource", _delete_qr),
+    ("POST", _QR + _ID + r":reset$", "reset_queued_resource", _reset_qr),
+    ("POST", _NODE + r"$", "create_node", _create_node),
+    ("GET", _NODE + r"$", "list_nodes", _list_nodes),
+    ("GET", _NODE + _ID + r"$", "get_node", _get_node),
+    ("DELETE", _NODE + _ID + r"$", "delete_node", _delete_node),
+    ("PATCH", _NODE + _ID + r"$", "update_node", _update_node),
+    ("POST", _NODE + _ID + r":stop$", "stop_node", _stop_node),
+    ("POST", _NODE + _ID + r":start$", "start_node", _start_node),
+    ("POST", _NODE + _ID + r":getGuestAttributes$", "get_guest_attributes", _guest_attributes),
+    ("GET", _OPS + r"$", "list_operations", _list_ops),
+    ("GET", _OPS + _ID + r"$", "get_operation", _get_op),
+    ("DELETE", _OPS + _ID + r"$", "delete_operation", _delete_op),
+    ("POST", _OPS + _ID + r":cancel$", "cancel_operation", _cancel_op),
+    ("GET", _LOC + r"/acceleratorTypes$", "list_accelerator_types", _list_types),
+    ("GET", _LOC + r"/acceleratorTypes" + _ID + r"$", "get_accelerator_type", _get_type),
+    ("GET", _LOC + r"/runtimeVersions$", "list_runtime_versions", _list_versions),
+    ("GET", _LOC + r"/runtimeVersions" + _ID + r"$", "get_runtime_version", _get_version),
+    ("GET", _LOC + r"/reservations$", "list_reservations", _list_reservations),
+    ("GET", _API + r"/locations$", "list_locations", _list_locations),
+    ("GET", _LOC + r"$", "get_location", _get_location),
+]
+
+ROUTES = compile_routes(_TPU_TABLE)
+ENDPOINT_NAMES = sorted({route.endpoint for route in ROUTES})
+
+_FAULT_MESSAGES = {
+    429: "Quota exceeded for quota metric 'Create requests' and limit 'Create requests per minute "
+    "per project': Maximum number of CreateNode requests per minute",
+    500: "Internal error encountered.",
+    503: "The service is currently unavailable.",
+    504: "The request timed out.",
+}
+
+
+def _tpu_dispatch(world: World, method: str, path: str, query: Query, body: Any) -> Result:
+    """Route one TPU API call (or refuse it with Google's 404), applying an injected fault first."""
+    found = find_route(ROUTES, method, path)
+    if found is None:
+        raise SimApiError(404, f"Method not found: {method} {path}")
+    route, params = found
+    fault = world.take_fault(route.endpoint)
+    if fault is not None:
+        if fault.latency_ms:
+            time.sleep(fault.latency_ms / 1000.0)
+        status_name = HTTP_STATUS_NAMES.get(fault.status, "UNKNOWN")
+        message = fault.message or _FAULT_MESSAGES.get(fault.status, HTTPStatus(fault.status).phrase)
+        raise SimApiError(fault.status, message, status=status_name)
+    return route.handler(world, params, query, body)
+
+
+# Admin handlers under /_sim/: (world, path params, query, JSON body or {} when it is not an object).
+
+
+def _admin_state(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    return 200, w.state(events=int(q.get("events", "200") or 200))
+
+
+def _admin_clock(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    return 200, {"time": w.now().isoformat(), "elapsed_s": w.elapsed_s(), "time_scale": w.time_scale}
+
+
+def _admin_advance(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    seconds = float(q.get("seconds") or args.get("seconds") or 0)
+    now = w.advance(seconds)
+    return 200, {"time": now.isoformat(), "elapsed_s": w.elapsed_s()}
+
+
+def _admin_capacity(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    for name in ("zone", "pool", "chips"):
+        if name not in args:
+            raise ValueError(
+                f"{name}: required in the JSON body, e.g. {{'zone': 'us-east5-b', 'pool': 'spot', 'chips': 8}}"
+            )
+    w.set_capacity(str(args["zone"]), str(args["pool"]), int(args["chips"]), family=str(args.get("family", "v6e")))
+    return 200, w.pool(str(args["zone"]), str(args["pool"]), str(args.get("family", "v6e")))
+
+
+def _admin_preempt(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    if "zone" not in args:
+        raise ValueError("zone: required in the JSON body, with node, queued_resource or instance")
+    hit = w.preempt(
+        str(args["zone"]),
+        node=args.get("node"),
+        queued_resource=args.get("queued_resource"),
+        instance=args.get("instance"),
+    )
+    return 200, {"preempted": hit}
+
+
+def _admin_reset(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    w.reset()
+    return 200, {"time": w.now().isoformat()}
+
+
+def _admin_faults(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    return 200, {"faults": w.faults(), "endpoints": ENDPOINT_NAMES}
+
+
+def _admin_inject_fault(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    w.inject_fault(FaultSpec.model_validate(args))
+    return _admin_faults(w, p, q, args)
+
+
+def _admin_clear_faults(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    w.clear_faults()
+    return _admin_faults(w, p, q, args)
+
+
+def _admin_invariants(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    live: list[str] | None = None
+    if "live" in q:
+        live = [item for item in q["live"].split(",") if item]
+    if isinstance(args.get("live_deployments"), list):
+        live = [str(item) for item in args["live_deployments"]]
+    max_age = float(q.get("max_leftover_s") or args.get("max_leftover_s") or 600.0)
+    return 200, w.invariants(live, max_leftover_s=max_age)
+
+
+def _admin_billing(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    return 200, w.billing()
+
+
+def _admin_events(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    return 200, {"events": w.events(int(q.get("since", "0") or 0))}
+
+
+def _admin_node_endpoint(w: World, p: dict[str, str], q: Query, args: dict[str, Any]) -> Result:
+    if "ip_address" not in args or "port" not in args:
+        raise ValueError(
+            "ip_address and port: required in the JSON body, e.g. {'ip_address': '127.0.0.1', 'port': 8000}"
         )
-
-    def list_qrs(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        items, unreachable = w.list_queued_resources(p["project"], p["zone"])
-        return _page(items, "queuedResources", q, unreachable)
-
-    def get_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.get_queued_resource(p["project"], p["zone"], p["id"])
-
-    def delete_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.delete_queued_resource(
-            p["project"], p["zone"], p["id"], force=_flag(q, "force"), request_id=q.get("requestId")
-        )
-
-    def reset_qr(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.reset_queued_resource(p["project"], p["zone"], p["id"])
-
-    def create_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.create_node(
-            p["project"], p["zone"], q.get("nodeId"), b, request_id=q.get("requestId"), api_version=p["version"]
-        )
-
-    def list_nodes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        items, unreachable = w.list_nodes(p["project"], p["zone"])
-        return _page(items, "nodes", q, unreachable)
-
-    def get_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.get_node(p["project"], p["zone"], p["id"])
-
-    def delete_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.delete_node(p["project"], p["zone"], p["id"], request_id=q.get("requestId"))
-
-    def update_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.update_node(p["project"], p["zone"], p["id"], b or {}, q.get("updateMask", ""))
-
-    def stop_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.stop_node(p["project"], p["zone"], p["id"])
-
-    def start_node(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.start_node(p["project"], p["zone"], p["id"])
-
-    def guest_attributes(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.get_guest_attributes(p["project"], p["zone"], p["id"], b if isinstance(b, dict) else {})
-
-    def get_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.get_operation(p["project"], p["zone"], p["id"])
-
-    def list_ops(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.list_operations(p["project"], p["zone"]), "operations", q)
-
-    def cancel_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        w.cancel_operation(p["project"], p["zone"], p["id"])
-        return 200, {}
-
-    def delete_op(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        w.delete_operation(p["project"], p["zone"], p["id"])
-        return 200, {}
-
-    def list_types(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.accelerator_types(p["project"], p["zone"]), "acceleratorTypes", q)
-
-    def get_type(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        for item in w.accelerator_types(p["project"], p["zone"]):
-            if item["type"] == p["id"]:
-                return 200, item
-        raise SimApiError(404, f"Accelerator type {p['id']!r} was not found in zone {p['zone']}")
-
-    def list_versions(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.runtime_versions(p["project"], p["zone"]), "runtimeVersions", q)
-
-    def get_version(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        for item in w.runtime_versions(p["project"], p["zone"]):
-            if item["version"] == p["id"]:
-                return 200, item
-        raise SimApiError(404, f"Runtime version {p['id']!r} was not found in zone {p['zone']}")
-
-    def list_locations(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return _page(w.locations(p["project"]), "locations", q)
-
-    def get_location(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        return 200, w.location(p["project"], p["zone"])
-
-    def list_reservations(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
-        spec = w.scenario.zones.get(p["zone"])
-        names = spec.reservations if spec else ()
-        parent = f"projects/{p['project']}/locations/{p['zone']}"
-        return 200, {"reservations": [{"name": f"{parent}/reservations/{name}"} for name in names]}
-
-    qr = _LOC + r"/queuedResources"
-    node = _LOC + r"/nodes"
-    ops = _LOC + r"/operations"
-    table: list[tuple[str, str, str, RouteHandler]] = [
-        ("POST", qr + r"$", "create_queued_resource", create_qr),
-        ("GET", qr + r"$", "list_queued_resources", list_qrs),
-        ("GET", qr + r"/(?P<id>[^/:]+)$", "get_queued_resource", get_qr),
-        ("DELETE", qr + r"/(?P<id>[^/:]+)$", "delete_queued_resource", delete_qr),
-        ("POST", qr + r"/(?P<id>[^/:]+):reset$", "reset_queued_resource", reset_qr),
-        ("POST", node + r"$", "create_node", create_node),
-        ("GET", node + r"$", "list_nodes", list_nodes),
-        ("GET", node + r"/(?P<id>[^/:]+)$", "get_node", get_node),
-        ("DELETE", node + r"/(?P<id>[^/:]+)$", "delete_node", delete_node),
-        ("PATCH", node + r"/(?P<id>[^/:]+)$", "update_node", update_node),
-        ("POST", node + r"/(?P<id>[^/:]+):stop$", "stop_node", stop_node),
-        ("POST", node + r"/(?P<id>[^/:]+):start$", "start_node", start_node),
-        ("POST", node + r"/(?P<id>[^/:]+):getGuestAttributes$", "get_guest_attributes", guest_attributes),
-        ("GET", ops + r"$", "list_operations", list_ops),
-        ("GET", ops + r"/(?P<id>[^/:]+)$", "get_operation", get_op),
-        ("DELETE", ops + r"/(?P<id>[^/:]+)$", "delete_operation", delete_op),
-        ("POST", ops + r"/(?P<id>[^/:]+):cancel$", "cancel_operation", cancel_op),
-        ("GET", _LOC + r"/acceleratorTypes$", "list_accelerator_types", list_types),
-        ("GET", _LOC + r"/acceleratorTypes/(?P<id>[^/:]+)$", "get_accelerator_type", get_type),
-        ("GET", _LOC + r"/runtimeVersions$", "list_runtime_versions", list_versions),
-        ("GET", _LOC + r"/runtimeVersions/(?P<id>[^/:]+)$", "get_runtime_version", get_version),
-        ("GET", _LOC + r"/reservations$", "list_reservations", list_reservations),
-        ("GET", _API + r"/locations$", "list_locations", list_locations),
-        ("GET", _LOC + r"$", "get_location", get_location),
-    ]
-    return [(method, re.compile(pattern), name, handler) for method, pattern, name, handler in table]
+    return 200, w.set_node_endpoint(p["zone"], p["node"], str(args["ip_address"]), int(args["port"]))
 
 
-ROUTES = _routes()
-ENDPOINT_NAMES = sorted({name for _, _, name, _ in ROUTES})
+def _exact(path: str) -> str:
+    """A pattern matching ``path`` and nothing else (not even ``path`` plus a trailing newline)."""
+    return "^" + re.escape(path) + r"\Z"
+
+
+# Same shape as the TPU table; the names label the rows only (admin calls take no injected faults).
+# Precedence: table order, as above; the fixed paths are exact, so only the last row is a pattern, and no
+# fixed path lies under /_sim/nodes/. /_sim/faults answers every method the server serves (GET and PATCH
+# just list). A path or method no row takes is refused with 404 "No admin call METHOD PATH".
+_ADMIN_TABLE: list[tuple[str, str, str, AdminHandler]] = [
+    ("GET", _exact("/_sim/state"), "_sim.state", _admin_state),
+    ("GET", _exact("/_sim/clock"), "_sim.clock", _admin_clock),
+    ("POST", _exact("/_sim/advance"), "_sim.advance", _admin_advance),
+    ("POST", _exact("/_sim/capacity"), "_sim.capacity", _admin_capacity),
+    ("POST", _exact("/_sim/preempt"), "_sim.preempt", _admin_preempt),
+    ("POST", _exact("/_sim/reset"), "_sim.reset", _admin_reset),
+    ("GET", _exact("/_sim/faults"), "_sim.faults.list", _admin_faults),
+    ("POST", _exact("/_sim/faults"), "_sim.faults.inject", _admin_inject_fault),
+    ("DELETE", _exact("/_sim/faults"), "_sim.faults.clear", _admin_clear_faults),
+    ("PATCH", _exact("/_sim/faults"), "_sim.faults.list", _admin_faults),
+    ("GET", _exact("/_sim/invariants"), "_sim.invariants", _admin_invariants),
+    ("POST", _exact("/_sim/invariants"), "_sim.invariants", _admin_invariants),
+    ("GET", _exact("/_sim/billing"), "_sim.billing", _admin_billing),
+    ("GET", _exact("/_sim/events"), "_sim.events", _admin_events),
+    ("POST", r"^/_sim/nodes/(?P<zone>[^/]+)/(?P<node>[^/]+)/endpoint$", "_sim.nodes.endpoint", _admin_node_endpoint),
+]
+
+ADMIN_ROUTES = compile_routes(_ADMIN_TABLE)
 
 
 def _admin(world: World, method: str, path: str, query: Query, body: Any) -> Result:
     """``/_sim/...`` calls: state, advance, capacity, preempt, reset, faults, invariants, node endpoints."""
-    args = body if isinstance(body, dict) else {}
-    if method == "GET" and path == "/_sim/state":
-        return 200, world.state(events=int(query.get("events", "200") or 200))
-    if method == "GET" and path == "/_sim/clock":
-        return 200, {"time": world.now().isoformat(), "elapsed_s": world.elapsed_s(), "time_scale": world.time_scale}
-    if method == "POST" and path == "/_sim/advance":
-        seconds = float(query.get("seconds") or args.get("seconds") or 0)
-        now = world.advance(seconds)
-        return 200, {"time": now.isoformat(), "elapsed_s": world.elapsed_s()}
-    if method == "POST" and path == "/_sim/capacity":
-        for name in ("zone", "pool", "chips"):
-            if name not in args:
-                raise ValueError(
-                    f"{name}: required in the JSON body, e.g. {{'zone': 'us-east5-b', 'pool': 'spot', 'chips': 8}}"
-                )
-        world.set_capacity(
-            str(args["zone"]), str(args["pool"]), int(args["chips"]), family=str(args.get("family", "v6e"))
-        )
-        return 200, world.pool(str(args["zone"]), str(args["pool"]), str(args.get("family", "v6e")))
-    if method == "POST" and path == "/_sim/preempt":
-        if "zone" not in args:
-            raise ValueError("zone: required in the JSON body, with node, queued_resource or instance")
-        hit = world.preempt(
-            str(args["zone"]),
-            node=args.get("node"),
-            queued_resource=args.get("queued_resource"),
-            instance=args.get("instance"),
-        )
-        return 200, {"preempted": hit}
-    if method == "POST" and path == "/_sim/reset":
-        world.reset()
-        return 200, {"time": world.now().isoformat()}
-    if path == "/_sim/faults":
-        if method == "POST":
-            world.inject_fault(FaultSpec.model_validate(args))
-        elif method == "DELETE":
-            world.clear_faults()
-        return 200, {"faults": world.faults(), "endpoints": ENDPOINT_NAMES}
-    if path == "/_sim/invariants" and method in ("GET", "POST"):
-        live: list[str] | None = None
-        if "live" in query:
-            live = [item for item in query["live"].split(",") if item]
-        if isinstance(args.get("live_deployments"), list):
-            live = [str(item) for item in args["live_deployments"]]
-        max_age = float(query.get("max_leftover_s") or args.get("max_leftover_s") or 600.0)
-        return 200, world.invariants(live, max_leftover_s=max_age)
-    if method == "GET" and path == "/_sim/billing":
-        return 200, world.billing()
-    if method == "GET" and path == "/_sim/events":
-        return 200, {"events": world.events(int(query.get("since", "0") or 0))}
-    match = re.match(r"^/_sim/nodes/(?P<zone>[^/]+)/(?P<node>[^/]+)/endpoint$", path)
-    if match and method == "POST":
-        if "ip_address" not in args or "port" not in args:
-            raise ValueError(
-                "ip_address and port: required in the JSON body, e.g. {'ip_address': '127.0.0.1', 'port': 8000}"
-            )
-        return 200, world.set_node_endpoint(match["zone"], match["node"], str(args["ip_address"]), int(args["port"]))
-    raise SimApiError(404, f"No admin call {method} {path}")
+    found = find_route(ADMIN_ROUTES, method, path)
+    if found is None:
+        raise SimApiError(404, f"No admin call {method} {path}")
+    route, params = found
+    return route.handler(world, params, query, body if isinstance(body, dict) else {})
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -288,6 +403,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body)
 
     def _dispatch(self, method: str) -> Result:
+        """Route by family, in this order: ``/_sim/`` admin calls (no auth), then after the auth check the
+        Compute Engine and billing-catalog prefixes (their own 404), the Cloud Quotas ``quotaInfos`` paths
+        (other ``/v1/projects/`` paths fall through), and last the TPU API table (404 "Method not found")."""
         split = urlsplit(self.path)
         path = unquote(split.path)
         query = {key: values[-1] for key, values in parse_qs(split.query, keep_blank_values=True).items()}
@@ -301,27 +419,7 @@ class _Handler(BaseHTTPRequestHandler):
             answered = quotas_dispatch(self.world, method, path, query)
             if answered is not None:
                 return answered
-        for route_method, pattern, name, handler in ROUTES:
-            if route_method != method:
-                continue
-            match = pattern.match(path)
-            if match is None:
-                continue
-            fault = self.world.take_fault(name)
-            if fault is not None:
-                if fault.latency_ms:
-                    time.sleep(fault.latency_ms / 1000.0)
-                status_name = HTTP_STATUS_NAMES.get(fault.status, "UNKNOWN")
-                message = fault.message or {
-                    429: "Quota exceeded for quota metric 'Create requests' and limit 'Create requests per minute "
-                    "per project': Maximum number of CreateNode requests per minute",
-                    500: "Internal error encountered.",
-                    503: "The service is currently unavailable.",
-                    504: "The request timed out.",
-                }.get(fault.status, HTTPStatus(fault.status).phrase)
-                raise SimApiError(fault.status, message, status=status_name)
-            return handler(self.world, match.groupdict(), query, body)
-        raise SimApiError(404, f"Method not found: {method} {path}")
+        return _tpu_dispatch(self.world, method, path, query, body)
 
     def _check_auth(self) -> None:
         token = self.world.scenario.auth_token
