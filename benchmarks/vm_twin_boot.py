@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
-from mcp_client_gateway.ports import build_ports
 from shared.domain.models import Phase
 
 ZONE = "us-east5-a"

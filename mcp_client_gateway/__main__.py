@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, stream=sys.stderr)
 
-    from mcp_client_gateway.ports import build_ports, warm_up
+    from mcp_client_gateway.composition import build_ports, warm_up
     from mcp_client_gateway.server import build_server
 
     ports = build_ports(settings)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from localcloud.demo import DemoSpec, LocalDemo, StepFailed
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore, GatewayError
-from mcp_client_gateway.ports import build_ports
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from mcp import Client
 from pydantic import ValidationError
 
 from mcp_client_gateway.cli import EXIT_OK, EXIT_REFUSED, build_parser, run
-from mcp_client_gateway.ports import build_ports
+from mcp_client_gateway.composition import build_ports
 from shared.adapters.iap_tunnel import IapTunnels, tpu_vm_instance
 from shared.config import Settings
 from shared.ports import TpuApi

@@ -18,8 +18,8 @@ import pytest
 from mcp import Client
 
 from mcp_client_gateway.cli import EXIT_OK, run
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
-from mcp_client_gateway.ports import build_ports
 from shared.adapters.cloud_quotas import CloudQuotas
 from shared.config import Settings
 from shared.domain.cloud import ProvisionRequest

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcp_client_gateway.composition import build_ports, warm_up
 from mcp_client_gateway.core import GatewayCore
-from mcp_client_gateway.ports import build_ports, warm_up
 from shared.adapters.local_bus import LocalBus
 from shared.config import Settings
 from shared.messages import CreateDeployment, decode_message

@@ -1,0 +1,164 @@
+"""Benchmarks: run one on a serving deployment, read a run with its change from the previous one, compare runs.
+
+The headline figures of a sweep are the benchmarker's own (``shared.services.benchmarker.headline``), so the
+gateway and the stored comparison agree; other result shapes are read by ``shared.domain.benchmark_headline``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.checks import check_benchmark, optional
+from mcp_client_gateway.capabilities.common import SERVING_PHASES, CommandPublisher, GatewayPorts, Records
+from mcp_client_gateway.errors import GatewayError
+from mcp_client_gateway.log_hygiene import clean_text
+from mcp_client_gateway.models import BenchmarkComparison, BenchmarkRow, BenchmarkView, CommandAccepted
+from shared.domain.benchmark_headline import best_run_per_metric, headline_change_pct, headline_from_result
+from shared.domain.models import MODEL_PRESET_NAMES, BenchmarkRun
+
+__all__ = ["Benchmarks", "headline_metrics"]
+
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
+    """Headline numbers from a benchmark result, wherever the result keeps them.
+
+    A sweep (``points`` with a ``level`` each, as the benchmarker stores it) is read by the benchmarker's own
+    ``headline`` (peak throughput, the level it was reached at, latencies at the knee), so the gateway and the
+    stored comparison agree. Other shapes: ``shared.domain.benchmark_headline.headline_from_result``.
+    """
+    if result and isinstance(result.get("points"), list):
+        from shared.services.benchmarker import headline
+
+        # headline() reads only the result; the run around it is a carrier
+        probe = BenchmarkRun(
+            run_id="headline", deployment_id="headline", result=result, created_at=_UTC_EPOCH, updated_at=_UTC_EPOCH
+        )
+        numbers = {
+            key: float(value)
+            for key, value in headline(probe).items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        if numbers:
+            return numbers
+    return headline_from_result(result)
+
+
+class Benchmarks:
+    """Benchmark runs: published as commands, read from the state store."""
+
+    def __init__(self, ports: GatewayPorts, records: Records, publisher: CommandPublisher) -> None:
+        self.ports = ports
+        self.records = records
+        self.publisher = publisher
+
+    def run_benchmark(
+        self,
+        deployment_id: str,
+        *,
+        benchmark: dict[str, Any] | None = None,
+        command_id: str | None = None,
+    ) -> CommandAccepted:
+        """Publish ``benchmark.run``; the command id is the run id."""
+        deployment_id = bounds.deployment_id(deployment_id)
+        if benchmark is not None:
+            check_benchmark(benchmark)
+        command_id = self.publisher.command_id(command_id)
+        duplicate = self.publisher.duplicate(command_id, "benchmark.run", deployment_id)
+        if duplicate is not None:
+            return duplicate
+        body: dict[str, Any] = {"kind": "benchmark.run", "deployment_id": deployment_id}
+        if benchmark:
+            body["benchmark"] = benchmark
+        message = self.publisher.validated(body, command_id)
+        record = self.records.get(deployment_id)
+        if record.status.phase not in SERVING_PHASES:
+            raise GatewayError(
+                "failed_precondition",
+                "deployment_id",
+                f"'{deployment_id}' is not serving (phase {record.status.phase.value})",
+                "benchmark once tpu_get_deployment shows SERVING",
+            )
+        return self.publisher.publish(message, "The command_id is the run id: follow it with tpu_get_benchmark.")
+
+    def get_benchmark(self, run_id: str) -> BenchmarkView:
+        """One run with its result and the change from the previous run of the same deployment."""
+        run_id = bounds.command_id(run_id, "run_id", fix="pass the command_id tpu_run_benchmark returned")
+        run = self.ports.store.get_benchmark_run(run_id)
+        if run is None:
+            published = self.publisher.published(run_id)
+            if published is None:
+                raise GatewayError(
+                    "not_found", "run_id", f"no benchmark run '{run_id}'", "list runs with tpu_compare_benchmarks"
+                )
+            raise GatewayError(
+                "not_found",
+                "run_id",
+                "the run is published but not recorded yet",
+                "try again in a few seconds",
+                retry_after_s=5,
+            )
+        earlier = [
+            r
+            for r in self.ports.store.list_benchmark_runs(run.deployment_id, limit=50)
+            if r.run_id != run.run_id and r.created_at < run.created_at and r.status == "completed"
+        ]
+        earlier.sort(key=lambda r: r.created_at, reverse=True)
+        previous = earlier[0] if earlier else None
+        headline = headline_metrics(run.result)
+        change = headline_change_pct(headline, headline_metrics(previous.result)) if previous is not None else {}
+        return BenchmarkView(
+            run_id=run.run_id,
+            deployment_id=run.deployment_id,
+            status=run.status,
+            request=run.request,
+            result=run.result,
+            plan=run.plan,
+            error=clean_text(run.error, limit=1000)[0],
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+            headline=headline,
+            previous=_benchmark_row(previous) if previous else None,
+            change_pct=change,
+        )
+
+    def compare_benchmarks(
+        self, *, deployment_id: str | None = None, model: str | None = None, limit: int = 20
+    ) -> BenchmarkComparison:
+        """Runs side by side, newest first, with the best run per headline metric."""
+        deployment_id = None if deployment_id is None else bounds.deployment_id(deployment_id)
+        model = optional(bounds.choice, "model", model, MODEL_PRESET_NAMES)
+        limit = bounds.integer("limit", limit, bounds.COMPARE_LIMIT)
+        runs = self.ports.store.list_benchmark_runs(deployment_id, limit=200)
+        rows = [_benchmark_row(run) for run in runs]
+        if model is not None:
+            rows = [row for row in rows if row.model == model]
+        rows.sort(key=lambda row: row.created_at, reverse=True)
+        rows = rows[:limit]
+        best = best_run_per_metric((row.run_id, row.metrics) for row in rows)
+        return BenchmarkComparison(rows=rows, best=best)
+
+
+def _benchmark_row(run: BenchmarkRun) -> BenchmarkRow:
+    plan = run.plan or {}
+
+    def text(*keys: str) -> str | None:
+        for key in keys:
+            value = plan.get(key)
+            if isinstance(value, str) and value:
+                return value
+        return None
+
+    return BenchmarkRow(
+        run_id=run.run_id,
+        deployment_id=run.deployment_id,
+        status=run.status,
+        created_at=run.created_at,
+        model=text("model", "model_preset"),
+        accelerator=text("accelerator", "accelerator_type"),
+        tier=text("tier"),
+        metrics=headline_metrics(run.result),
+    )

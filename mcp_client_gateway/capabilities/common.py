@@ -1,0 +1,274 @@
+"""What several capabilities share: the ports, reading records, publishing commands, node tasks, redaction.
+
+Each helper keeps the ``GatewayPorts`` and reads a port when it is used, not when it is built: the CLI, the
+server and tests may rewire a port (``endpoint_access``, a store) after the core exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.errors import GatewayError
+from mcp_client_gateway.models import CommandAccepted
+from shared.config import Settings
+from shared.domain.catalog import ACCELERATORS
+from shared.domain.cloud import accelerator_family
+from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
+from shared.domain.models import DeploymentRecord, NodeTask, Phase
+from shared.domain.prices import price_per_chip_hour
+from shared.logging import register_secret
+from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
+from shared.ports import (
+    Clock,
+    CommandBus,
+    EndpointAccess,
+    LogReader,
+    ModelClient,
+    QuotaApi,
+    SecretStore,
+    StateStore,
+    TpuApi,
+)
+from shared.services.node_tasks import as_read
+
+__all__ = [
+    "SERVING_PHASES",
+    "CommandPublisher",
+    "GatewayPorts",
+    "NodeTaskReader",
+    "Published",
+    "Records",
+    "SecretRedaction",
+    "hourly_usd",
+    "log",
+    "slice_chips",
+]
+
+log = logging.getLogger("mcp_client_gateway.core")  # the gateway's log lines keep the logger name they had
+
+SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
+_PUBLISHED_MEMORY = 1000
+_NODE_TASKS_SHOWN = 10
+
+
+@dataclass
+class GatewayPorts:
+    """What the gateway runs on. ``logs`` and ``model_client`` may be absent (those tools then say so);
+    without ``endpoint_access`` live calls use the recorded endpoint URL as it is (``direct``)."""
+
+    settings: Settings
+    store: StateStore
+    bus: CommandBus
+    secrets: SecretStore
+    clock: Clock
+    logs: LogReader | None = None
+    model_client: ModelClient | None = None
+    quotas: QuotaApi | None = None
+    tpu: TpuApi | None = None
+    endpoint_access: EndpointAccess | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close what the ports builder opened (database files, clients)."""
+        while self.closers:
+            closer = self.closers.pop()
+            try:
+                closer()
+            except Exception:  # closing must not hide the real outcome
+                log.warning("closing a port failed", exc_info=True)
+
+
+@dataclass(frozen=True)
+class Published:
+    kind: str
+    deployment_id: str
+    at: datetime
+
+
+class Records:
+    """Deployment records from the state store, refused by name when absent or not serving."""
+
+    def __init__(self, ports: GatewayPorts) -> None:
+        self.ports = ports
+
+    def get(self, deployment_id: str, *, include_deleted: bool = False) -> DeploymentRecord:
+        deployment_id = bounds.deployment_id(deployment_id)
+        record = self.ports.store.get_deployment(deployment_id)
+        if record is None or (not include_deleted and record.status.phase is Phase.DELETED):
+            raise GatewayError(
+                "not_found", "deployment_id", f"no deployment '{deployment_id}'", "list them with tpu_list_deployments"
+            )
+        return record
+
+    def serving(self, deployment_id: str) -> DeploymentRecord:
+        record = self.get(deployment_id)
+        if record.status.phase not in SERVING_PHASES or not record.status.endpoint:
+            raise GatewayError(
+                "failed_precondition",
+                "deployment_id",
+                f"'{deployment_id}' is not serving (phase {record.status.phase.value})",
+                "wait until tpu_get_deployment shows SERVING (poll tpu_get_operation)",
+            )
+        return record
+
+
+class CommandPublisher:
+    """Commands validated with the wire models, published with the deployment id as ordering key, and
+    remembered (the last 1000) so a follow-up call can tell a published command from an unknown one."""
+
+    def __init__(self, ports: GatewayPorts) -> None:
+        self.ports = ports
+        self._published: OrderedDict[str, Published] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def published(self, command_id: str) -> Published | None:
+        with self._lock:
+            return self._published.get(command_id)
+
+    def validated(self, body: dict[str, Any], command_id: str | None = None) -> Any:
+        payload = {
+            "command_id": command_id or new_command_id(),
+            "issued_at": self.ports.clock.now().isoformat(),
+            **body,
+        }
+        try:
+            return decode_message(json.dumps(payload))
+        except InvalidMessage as exc:
+            field = exc.field[len("spec.") :] if exc.field.startswith("spec.") else exc.field
+            field = field[len("benchmark.") :] if field.startswith("benchmark.") else field
+            raise GatewayError(
+                "invalid_argument", field, exc.problem, exc.fix or "see the tool's input schema"
+            ) from None
+
+    def publish(self, message: Any, next_step: str) -> CommandAccepted:
+        settings = self.ports.settings
+        logical = topic_for(message)
+        topic = {
+            "commands": settings.topic_commands,
+            "ticks": settings.topic_ticks,
+            "events": settings.topic_events,
+        }[logical]
+        try:
+            message_id = self.ports.bus.publish(
+                topic, encode_message(message), message_attributes(message), ordering_key=message.deployment_id
+            )
+        except PermanentError as exc:
+            raise GatewayError(
+                "unavailable",
+                None,
+                f"the command bus refused the publish ({type(exc).__name__})",
+                "check that the controller is deployed (terraform) or the local stack is running",
+            ) from None
+        now = self.ports.clock.now()
+        with self._lock:
+            self._published[message.command_id] = Published(message.kind, message.deployment_id, now)
+            while len(self._published) > _PUBLISHED_MEMORY:
+                self._published.popitem(last=False)
+        log.info(
+            "published a command",
+            extra={"command_id": message.command_id, "deployment_id": message.deployment_id, "kind": message.kind},
+        )
+        return CommandAccepted(
+            command_id=message.command_id,
+            kind=message.kind,
+            deployment_id=message.deployment_id,
+            topic=topic,
+            message_id=message_id,
+            published_at=now,
+            next_step=next_step,
+        )
+
+    def command_id(self, command_id: str | None) -> str:
+        if command_id is None:
+            return new_command_id()
+        return bounds.command_id(command_id, fix="omit it, or reuse one a tool returned")
+
+    def duplicate(self, command_id: str, kind: str, deployment_id: str) -> CommandAccepted | None:
+        """A retried command whose first delivery the controller already recorded: report it, publish nothing."""
+        ledger = self.ports.store.get_command(command_id)
+        if ledger is None:
+            return None
+        if ledger.kind != kind or ledger.deployment_id != deployment_id:
+            raise GatewayError(
+                "invalid_argument",
+                "command_id",
+                f"was already used for {ledger.kind} on {ledger.deployment_id}",
+                "omit command_id to get a fresh one",
+            )
+        return CommandAccepted(
+            command_id=command_id,
+            kind=kind,
+            deployment_id=deployment_id,
+            topic=self.ports.settings.topic_commands,
+            message_id="",
+            published_at=ledger.received_at,
+            duplicate=True,
+            next_step="Already received by the controller; poll tpu_get_operation.",
+        )
+
+
+class SecretRedaction:
+    """Reads the two secrets once so their values are redacted from every log line the gateway returns."""
+
+    def __init__(self, ports: GatewayPorts) -> None:
+        self.ports = ports
+        self._registered = False
+
+    def register_known(self) -> None:
+        """Read the two secrets once so their values are redacted from every log line we return."""
+        if self._registered:
+            return
+        settings = self.ports.settings
+        for name in (settings.hf_token_secret, settings.vllm_api_key_secret):
+            try:
+                register_secret(self.ports.secrets.get(name))
+            except ControllerError:
+                log.warning("could not read a secret for redaction", extra={"secret": name})
+        self._registered = True
+
+
+class NodeTaskReader:
+    """Node tasks as read now: one unanswered past the node-task timeout reads as failed."""
+
+    def __init__(self, ports: GatewayPorts) -> None:
+        self.ports = ports
+
+    def get(self, task_id: str) -> NodeTask | None:
+        """A node task as read now: one unanswered past the node-task timeout reads as failed."""
+        task = self.ports.store.get_node_task(task_id)
+        return as_read(task, self.ports.clock.now(), self.ports.settings.node_task_timeout_s) if task else None
+
+    def of(self, deployment_id: str) -> list[NodeTask]:
+        now = self.ports.clock.now()
+        timeout = self.ports.settings.node_task_timeout_s
+        tasks = self.ports.store.list_node_tasks(deployment_id, limit=_NODE_TASKS_SHOWN)
+        return [as_read(task, now, timeout) for task in tasks]
+
+
+def slice_chips(accelerator: str) -> int:
+    spec = ACCELERATORS.get(accelerator)
+    if spec is None:
+        raise GatewayError(
+            "invalid_argument",
+            "accelerator",
+            f"'{accelerator}' is not in the catalog",
+            "use one of " + ", ".join(ACCELERATORS),
+        )
+    return spec.chips
+
+
+def hourly_usd(record: DeploymentRecord) -> float | None:
+    zone = record.status.zone
+    tier = record.status.tier
+    if not zone or tier is None:
+        return None
+    price = price_per_chip_hour(zone, tier, accelerator_family(record.spec.accelerator))
+    return round(price * slice_chips(record.spec.accelerator), 4) if price is not None else None

@@ -1,0 +1,297 @@
+"""Reads: the deployment list, one deployment's dashboard, and where a command is (``get_operation``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.checks import PHASES, optional
+from mcp_client_gateway.capabilities.common import (
+    CommandPublisher,
+    GatewayPorts,
+    NodeTaskReader,
+    Records,
+    hourly_usd,
+    slice_chips,
+)
+from mcp_client_gateway.capabilities.views import node_task_view, sample_view
+from mcp_client_gateway.log_hygiene import clean_text
+from mcp_client_gateway.models import (
+    AttemptView,
+    BootView,
+    DeploymentDetail,
+    DeploymentList,
+    DeploymentSummary,
+    NodeView,
+    OperationView,
+    ResourceView,
+)
+from shared.domain import deployment_progress
+from shared.domain.boot_progress import stage_text
+from shared.domain.models import BootProgress, DeploymentRecord, Phase
+
+__all__ = ["Operations", "deployment_stage"]
+
+_MAX_ATTEMPTS_SHOWN = 20
+_NODE_TASK_KINDS = {"restart": "serving.restart", "logs": "serving.logs"}
+_TARGET_PHASES: dict[str, frozenset[Phase]] = {
+    "deployment.create": frozenset({Phase.SERVING}),
+    "deployment.update": frozenset({Phase.SERVING}),
+    "deployment.start": frozenset({Phase.SERVING}),
+    "serving.restart": frozenset({Phase.SERVING}),
+    "deployment.stop": frozenset({Phase.STOPPED}),
+    "deployment.delete": frozenset({Phase.DELETED}),
+}
+
+
+def _clean(text: str, limit: int) -> str:
+    return clean_text(text, limit)[0]
+
+
+def deployment_stage(record: DeploymentRecord, now: datetime) -> str:
+    """A one-line progress text for a deployment's phase (what a person wants to read while waiting)."""
+    return deployment_progress.deployment_stage(record, now, clean=_clean)
+
+
+class Operations:
+    """Deployments and commands as the state store has them (read-only)."""
+
+    def __init__(
+        self, ports: GatewayPorts, records: Records, publisher: CommandPublisher, node_tasks: NodeTaskReader
+    ) -> None:
+        self.ports = ports
+        self.records = records
+        self.publisher = publisher
+        self.node_tasks = node_tasks
+
+    def list_deployments(
+        self, *, include_deleted: bool = False, phase: str | None = None, offset: int = 0, limit: int = 20
+    ) -> DeploymentList:
+        """Deployments newest first, with the resources the controller last observed."""
+        include_deleted = bounds.flag("include_deleted", include_deleted)
+        phase = optional(bounds.choice, "phase", phase, PHASES)
+        offset = bounds.integer("offset", offset, bounds.LIST_OFFSET)
+        limit = bounds.integer("limit", limit, bounds.LIST_LIMIT)
+        records = self.ports.store.list_deployments(include_deleted=include_deleted)
+        if phase is not None:
+            records = [r for r in records if r.status.phase.value == phase]
+        records.sort(key=lambda r: r.created_at, reverse=True)
+        page = records[offset : offset + limit]
+        following = offset + limit if offset + limit < len(records) else None
+        return DeploymentList(deployments=[_summary(r) for r in page], total=len(records), next_offset=following)
+
+    def get_deployment(self, deployment_id: str) -> DeploymentDetail:
+        """The status dashboard of one deployment."""
+        record = self.records.get(deployment_id, include_deleted=True)
+        samples = self.ports.store.list_samples(deployment_id, limit=1)
+        status = record.status
+        spec = record.spec
+        attempts = status.attempts[-_MAX_ATTEMPTS_SHOWN:]
+        node_resource = next((r for r in reversed(status.resources) if r.node_state is not None), None)
+        system = self._node_system(record)
+        return DeploymentDetail(
+            deployment_id=record.deployment_id,
+            model=spec.model,
+            accelerator=spec.accelerator,
+            zones=list(spec.zones),
+            tiers=[t.value for t in spec.tiers],
+            desired=record.desired.value,
+            generation=record.generation,
+            observed_generation=status.observed_generation,
+            phase=status.phase.value,
+            phase_since=status.phase_since,
+            serving_since=status.serving_since,
+            message=clean_text(status.message)[0],
+            zone=status.zone,
+            tier=status.tier.value if status.tier else None,
+            endpoint=status.endpoint,
+            resources=[_resource(r) for r in status.resources],
+            attempts=[
+                AttemptView(at=a.at, zone=a.zone, tier=a.tier.value, outcome=a.outcome, detail=clean_text(a.detail)[0])
+                for a in attempts
+            ],
+            attempts_total=len(status.attempts),
+            slis=dict(status.slis),
+            latest_sample=sample_view(samples[0]) if samples else None,
+            spend_usd=round(status.spend_usd, 4),
+            hourly_usd=hourly_usd(record),
+            budget_usd=spec.budget_usd,
+            ttl_hours=spec.ttl_hours,
+            node=NodeView(
+                name=node_resource.name if node_resource else None,
+                zone=node_resource.zone if node_resource else None,
+                state=node_resource.node_state.value if node_resource and node_resource.node_state else None,
+                accelerator=spec.accelerator,
+                chips=slice_chips(spec.accelerator),
+                system=system,
+            ),
+            boot=_boot_view(status.boot),
+            node_tasks=[node_task_view(task) for task in self.node_tasks.of(record.deployment_id)],
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+    def get_operation(self, command_id: str) -> OperationView:
+        """Where a command is: on the bus, in the ledger, and the phase of its deployment."""
+        command_id = bounds.command_id(command_id)
+        ledger = self.ports.store.get_command(command_id)
+        published = self.publisher.published(command_id)
+        fallback_kind, fallback_deployment = "benchmark.run", None
+        if ledger is None and published is None:
+            run = self.ports.store.get_benchmark_run(command_id)
+            found = self.node_tasks.get(command_id) if run is None else None
+            if found is not None:  # a node task sent by another gateway or the monitor, and its ledger expired
+                fallback_kind, fallback_deployment = _NODE_TASK_KINDS[found.action], found.deployment_id
+            elif run is None:
+                return OperationView(
+                    command_id=command_id,
+                    status="unknown",
+                    done=False,
+                    stage="No record of this command yet (another gateway may have sent it, or the controller has "
+                    "not picked it up).",
+                    next_step="Check tpu_get_deployment for the deployment's phase.",
+                )
+        kind = ledger.kind if ledger else published.kind if published else fallback_kind
+        deployment_id = (
+            (ledger.deployment_id if ledger else None)
+            or (published.deployment_id if published else None)
+            or fallback_deployment
+        )
+        record = self.ports.store.get_deployment(deployment_id) if deployment_id else None
+        now = self.ports.clock.now()
+        since = ledger.received_at if ledger else published.at if published else None
+        status: Literal["published", "accepted", "applied", "rejected", "failed", "unknown"] = (
+            ledger.status if ledger else "published"
+        )
+        view = OperationView(
+            command_id=command_id,
+            kind=kind,
+            deployment_id=deployment_id,
+            status=status,
+            outcome=clean_text(ledger.outcome)[0] if ledger else "",
+            done=False,
+            stage="",
+            phase=record.status.phase.value if record else None,
+            elapsed_s=round((now - since).total_seconds(), 1) if since else None,
+        )
+        if kind == "benchmark.run":
+            run = self.ports.store.get_benchmark_run(command_id)
+            view.benchmark_status = run.status if run else None
+            view.done = status in ("rejected", "failed") or (run is not None and run.status in ("completed", "failed"))
+            view.stage = f"Benchmark {run.status}" if run else "Benchmark queued"
+            view.next_step = "Read the result with tpu_get_benchmark." if view.done else "Poll again in a minute."
+            return view
+        if kind in ("serving.restart", "serving.logs"):
+            return self._node_task_operation(view)
+        if status in ("rejected", "failed"):
+            view.done = True
+            view.stage = f"The controller {status} the command: {view.outcome or 'no reason recorded'}"
+            return view
+        if status == "published":
+            view.stage = "Queued: waiting for the controller to pick the command up"
+            view.next_step = "Poll again in a few seconds."
+            return view
+        targets = _TARGET_PHASES.get(kind, frozenset())
+        if record is None:
+            view.done = kind == "deployment.delete" and status == "applied"
+            view.stage = "Deleted" if view.done else "Accepted: the deployment record is not written yet"
+            return view
+        view.stage = deployment_stage(record, now)
+        phase = record.status.phase
+        view.done = status == "applied" and (phase in targets or phase is Phase.FAILED)
+        if not view.done:
+            view.next_step = "Poll again; capacity search and model load take minutes."
+        elif phase is Phase.SERVING:
+            view.next_step = "Query it with tpu_query_model or benchmark it with tpu_run_benchmark."
+        return view
+
+    def _node_task_operation(self, view: OperationView) -> OperationView:
+        """Progress of serving.restart / serving.logs: the node task and the node agent's answer."""
+        task = self.node_tasks.get(view.command_id)
+        if task is None:
+            if view.status in ("rejected", "failed"):
+                view.done = True
+                view.stage = f"The controller {view.status} the command: {view.outcome or 'no reason recorded'}"
+            elif view.status == "published":
+                view.stage = "Queued: waiting for the controller to pick the command up"
+                view.next_step = "Poll again in a few seconds."
+            else:
+                view.stage = "Accepted: being dispatched to the node agent"
+                view.next_step = "Poll again in a few seconds."
+            return view
+        view.node_task = node_task_view(task)
+        view.done = task.finished
+        detail = clean_text(task.detail, limit=300)[0]
+        if task.status == "dispatched":
+            view.stage = "Dispatched to the node agent; waiting for its answer"
+            view.next_step = "Poll again in a few seconds."
+        elif task.status == "failed":
+            view.stage = f"failed: {detail or 'no reason recorded'}"
+            view.next_step = "See tpu_get_deployment for the node's state."
+        elif task.action == "restart":
+            finished = task.finished_at.isoformat() if task.finished_at else "an unknown time"
+            view.stage = f"completed: restarted at {finished}" + (f" ({detail})" if detail else "")
+            view.next_step = "vLLM loads the model again; serving resumes when tpu_get_deployment shows SERVING."
+        else:
+            view.stage = f"completed: {len(task.lines)} log line(s)" + (f" ({detail})" if detail else "")
+            view.next_step = (
+                f"Read them with tpu_tail_serving_logs(deployment_id='{task.deployment_id}', task_id='{task.task_id}')."
+            )
+        return view
+
+    def _node_system(self, record: DeploymentRecord) -> dict[str, Any] | None:
+        """What the node agent reported about its machine: the boot record
+        (kept on the deployment's status from ``node.booted``), else the node summary of the latest benchmark."""
+        if record.status.node_system:
+            return dict(record.status.node_system)
+        runs = self.ports.store.list_benchmark_runs(record.deployment_id, limit=20)
+        for run in sorted(runs, key=lambda r: r.updated_at, reverse=True):
+            node = (run.result or {}).get("node")
+            if isinstance(node, dict) and node:
+                return {str(k): v for k, v in node.items() if isinstance(v, str | int | float | bool) or v is None}
+        return None
+
+
+def _resource(ref: Any) -> ResourceView:
+    return ResourceView(
+        name=ref.name,
+        zone=ref.zone,
+        tier=ref.tier.value,
+        state=ref.state.value,
+        node_state=ref.node_state.value if ref.node_state else None,
+        endpoint=ref.endpoint,
+        created_at=ref.created_at,
+        active_at=ref.active_at,
+    )
+
+
+def _summary(record: DeploymentRecord) -> DeploymentSummary:
+    status = record.status
+    return DeploymentSummary(
+        deployment_id=record.deployment_id,
+        model=record.spec.model,
+        accelerator=record.spec.accelerator,
+        phase=status.phase.value,
+        desired=record.desired.value,
+        zone=status.zone,
+        tier=status.tier.value if status.tier else None,
+        endpoint=status.endpoint,
+        generation=record.generation,
+        spend_usd=round(status.spend_usd, 4),
+        updated_at=record.updated_at,
+        resources=[_resource(r) for r in status.resources],
+    )
+
+
+def _boot_view(boot: BootProgress | None) -> BootView | None:
+    if boot is None:
+        return None
+    return BootView(
+        node=boot.node,
+        stage=boot.stage,
+        text=clean_text(stage_text(boot), limit=360)[0],
+        detail=clean_text(boot.detail, limit=300)[0],
+        stage_since=boot.stage_since,
+        seen_at=boot.seen_at,
+    )

@@ -1,0 +1,217 @@
+"""Plans: the capacity verdict and HBM table, the vLLM launch and prices of a spec, and its rendered artefacts.
+
+The plan is the one the controller would deploy: the facade passes the same environment
+(``shared.wiring.serving_environment``), so the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.checks import ARTIFACT_KINDS, KV_CACHE_DTYPES, optional, slice_arguments
+from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records
+from mcp_client_gateway.errors import GatewayError
+from mcp_client_gateway.models import ArtifactsView, CapacityView, CostView, PlanView
+from shared.domain.errors import InvalidMessage, PermanentError
+from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, DeploymentSpec
+from shared.domain.prices import PRICE_TABLE_DATE
+
+if TYPE_CHECKING:  # the serving plan pulls in the capacity, launch and manifest modules: loaded on first use
+    from shared.domain.capacity import CapacityReport
+    from shared.domain.serving_plan import ServingEnvironment, ServingPlan
+
+__all__ = ["Plans"]
+
+
+class Plans:
+    """Read-only planning over the serving plan; no cloud calls."""
+
+    def __init__(
+        self,
+        ports: GatewayPorts,
+        records: Records,
+        publisher: CommandPublisher,
+        environment: Callable[[], ServingEnvironment],
+    ) -> None:
+        self.ports = ports
+        self.records = records
+        self.publisher = publisher
+        self.environment = environment
+        """The serving environment the controller deploys with (``shared.wiring.serving_environment``)."""
+
+    def plan(
+        self,
+        *,
+        model: str,
+        accelerator: str,
+        zones: Sequence[str] = ("us-east5-b",),
+        tiers: Sequence[str] | None = None,
+        max_model_len: int | None = None,
+        kv_cache_dtype: str | None = None,
+        gpu_memory_utilization: float | None = None,
+        ttl_hours: float | None = None,
+        tokens_per_second: float | None = None,
+    ) -> PlanView:
+        """Capacity verdict and HBM table, the vLLM launch, and prices per region and tier (read-only)."""
+        model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
+        max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
+        kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+        gpu_memory_utilization = optional(
+            bounds.number, "gpu_memory_utilization", gpu_memory_utilization, bounds.GPU_MEMORY_UTILIZATION
+        )
+        ttl_hours = optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
+        tokens_per_second = optional(
+            bounds.number,
+            "tokens_per_second",
+            tokens_per_second,
+            bounds.TOKENS_PER_SECOND,
+            low_open=True,
+            fix="pass the measured output throughput in tokens per second (above 0)",
+        )
+        spec = self.spec(
+            "plan-preview",
+            model=model,
+            accelerator=accelerator,
+            zones=zones,
+            tiers=tiers or None,
+            ttl_hours=ttl_hours,
+            serving={
+                "max_model_len": max_model_len,
+                "kv_cache_dtype": kv_cache_dtype,
+                "gpu_memory_utilization": gpu_memory_utilization,
+            },
+        )
+        plan = self.serving_plan(spec)
+        capacity = plan.capacity
+        costs = _cost_views(plan, tokens_per_second)
+        return PlanView(
+            model=plan.preset.name,
+            hub_id=plan.engine.model,
+            accelerator=plan.slice.name,
+            chips=plan.slice.chips,
+            topology=plan.slice.topology,
+            fits=plan.fits,
+            reasons=list(capacity.reasons),
+            smallest_fitting_slice=plan.smallest_fitting_slice,
+            capacity=_capacity_view(capacity),
+            hbm_table=capacity.table(),
+            image=plan.launch.image,
+            argv=list(plan.launch.argv),
+            env=dict(plan.launch.env),
+            costs=costs,
+            unpriced=list(plan.unpriced),
+            notes=list(plan.notes),
+            price_table_date=PRICE_TABLE_DATE.isoformat(),
+            plan_hash=plan.plan_hash,
+        )
+
+    def render_artifacts(
+        self,
+        *,
+        deployment_id: str | None = None,
+        model: str | None = None,
+        accelerator: str | None = None,
+        kind: Literal["startup_script", "gke_manifest", "both"] = "both",
+    ) -> ArtifactsView:
+        """The startup script and GKE manifest of a stored deployment (or of a model on a slice)."""
+        kind = bounds.choice("kind", kind, ARTIFACT_KINDS)  # type: ignore[assignment]
+        model = optional(bounds.choice, "model", model, MODEL_PRESET_NAMES)
+        accelerator = optional(bounds.choice, "accelerator", accelerator, ACCELERATOR_TYPES)
+        if deployment_id is not None:
+            spec = self.records.get(deployment_id).spec
+        elif model and accelerator:
+            spec = self.spec("render-preview", model=model, accelerator=accelerator, zones=("us-east5-b",))
+        else:
+            raise GatewayError(
+                "invalid_argument",
+                "deployment_id",
+                "give a deployment_id, or both model and accelerator",
+                "e.g. deployment_id='gemma-a', or model='gemma-4-26b-a4b' with accelerator='v6e-4'",
+            )
+        plan = self.serving_plan(spec)
+        return ArtifactsView(
+            deployment_id=spec.deployment_id,
+            model=plan.preset.name,
+            accelerator=plan.slice.name,
+            plan_hash=plan.plan_hash,
+            image=plan.launch.image,
+            startup_script=plan.startup_script() if kind in ("startup_script", "both") else None,
+            gke_manifest=plan.gke_manifest() if kind in ("gke_manifest", "both") else None,
+            secret_references=[plan.hf_token_resource, plan.api_key_resource],
+        )
+
+    def spec(self, deployment_id: str, **fields: Any) -> DeploymentSpec:
+        body: dict[str, Any] = {"deployment_id": deployment_id}
+        for key, value in fields.items():
+            if key == "serving":
+                chosen = {k: v for k, v in value.items() if v is not None}
+                if chosen:
+                    body["serving"] = chosen
+            elif value is not None:
+                body[key] = list(value) if isinstance(value, tuple | list) else value
+        message = self.publisher.validated({"kind": "deployment.create", "deployment_id": deployment_id, "spec": body})
+        spec: DeploymentSpec = message.spec
+        return spec
+
+    def serving_plan(self, spec: DeploymentSpec) -> ServingPlan:
+        """The plan the controller would deploy: same environment (``serving_environment``), same bytes."""
+        from shared.domain.serving_plan import build_serving_plan
+
+        try:
+            return build_serving_plan(spec, self.environment())
+        except InvalidMessage as exc:
+            raise GatewayError("invalid_argument", exc.field, exc.problem, exc.fix) from None
+        except PermanentError as exc:
+            field = getattr(exc, "field", None)
+            raise GatewayError(
+                "invalid_argument", field if isinstance(field, str) else None, str(exc), "see tpu_plan_deployment"
+            ) from None
+
+
+def _cost_views(plan: ServingPlan, tokens_per_second: float | None) -> list[CostView]:
+    """The plan's prices per region and tier (the first of each), cheapest first."""
+    from shared.domain.cost import cost_per_million_tokens
+
+    costs: dict[tuple[str, str], CostView] = {}
+    for cost in plan.costs:
+        per_million = None
+        if tokens_per_second:
+            per_million = round(cost_per_million_tokens(cost.usd_per_hour, tokens_per_second), 4)
+        costs.setdefault(
+            (cost.region, cost.tier.value),
+            CostView(
+                region=cost.region,
+                tier=cost.tier.value,
+                usd_per_hour=round(cost.usd_per_hour, 4),
+                usd_per_day=round(cost.usd_per_day, 2),
+                usd_for_ttl=round(cost.usd_for_ttl, 2) if cost.usd_for_ttl is not None else None,
+                capped_by_run_duration=cost.capped_by_run_duration,
+                usd_per_million_tokens=per_million,
+                price_source=cost.price_source,
+            ),
+        )
+    return sorted(costs.values(), key=lambda c: c.usd_per_hour)
+
+
+def _capacity_view(capacity: CapacityReport) -> CapacityView:
+    return CapacityView(
+        tensor_parallel=capacity.tensor_parallel,
+        weight_dtype=capacity.weight_dtype,
+        kv_cache_dtype=capacity.kv_cache_dtype,
+        gpu_memory_utilization=capacity.gpu_memory_utilization,
+        max_model_len=capacity.max_model_len,
+        max_num_seqs=capacity.max_num_seqs,
+        usable_hbm_gib=round(capacity.usable_hbm_gib, 3),
+        weights_gib=round(capacity.weights_gib, 3),
+        weights_source=capacity.weights_source,
+        kv_gib=round(capacity.kv_allocated_gib, 3),
+        free_gib=round(capacity.free_gib, 3),
+        activation_gib_estimate=round(capacity.activation_estimate_gib, 3),
+        kv_bytes_per_token=capacity.kv_bytes_per_token,
+        block_size=capacity.block_size,
+        num_blocks=capacity.num_blocks,
+        kv_tokens=capacity.kv_tokens,
+        max_sequences_at_context=capacity.max_sequences_at_context,
+    )

@@ -1,0 +1,266 @@
+"""What every tool module shares: the parameter aliases, the strict registration (``ToolSet``), running a core
+call off the event loop, results with a one-line summary, and the confirmation of destructive tools.
+
+Destructive tools are confirmed on the server: by elicitation when the client supports it (the server mints the
+confirmation token itself once the user accepted), otherwise by a ``confirm`` token that only the refusal of an
+unconfirmed call hands out (``confirmation``).
+
+No ``from __future__ import annotations`` here: the SDK reads these signatures at registration.
+"""
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, Resolve
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.confirmation import ConfirmationRequest
+from mcp_client_gateway.core import GatewayCore, GatewayError
+from mcp_client_gateway.models import CommandAccepted
+from mcp_client_gateway.strict_tools import StrictTool
+from shared.domain.models import AcceleratorType, ModelPreset
+
+__all__ = [
+    "ID_PATTERN",
+    "UUID_PATTERN",
+    "AcceleratorChoice",
+    "CommandIdArg",
+    "ConfirmArg",
+    "ConfirmForm",
+    "DeploymentIdArg",
+    "ModelChoice",
+    "PhaseChoice",
+    "SeverityChoice",
+    "TierChoice",
+    "ToolSet",
+    "ZonesArg",
+    "accepted_summary",
+    "annotations",
+    "confirmed_command",
+    "run",
+    "token_to_use",
+    "tool_result",
+]
+
+log = logging.getLogger("mcp_client_gateway.server")  # the server's log lines keep the logger name they had
+
+T = TypeVar("T")
+
+AcceleratorChoice = AcceleratorType  # the domain's allow-lists, so the schema and the messages agree
+ModelChoice = ModelPreset
+TierChoice = Literal["flex_start", "spot", "on_demand", "reservation"]  # Tier's values (a test keeps them equal)
+PhaseChoice = Literal[
+    "PENDING",
+    "SEARCHING",
+    "PROVISIONING",
+    "BOOTING",
+    "COMPILING",
+    "SERVING",
+    "DEGRADED",
+    "STALLED",
+    "DOWN",
+    "STOPPING",
+    "STOPPED",
+    "DELETING",
+    "DELETED",
+    "FAILED",
+]
+SeverityChoice = Literal["DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL"]
+
+ID_PATTERN = bounds.DEPLOYMENT_ID_PATTERN
+UUID_PATTERN = bounds.COMMAND_ID_PATTERN
+DeploymentIdArg = Annotated[
+    str,
+    Field(
+        description="Deployment id: 2-40 lower-case letters, digits or '-', starting with a letter.",
+        pattern=ID_PATTERN,
+        max_length=40,
+    ),
+]
+ConfirmArg = Annotated[
+    str | None,
+    Field(
+        description="The confirmation token from this tool's refusal, passed only after you showed the user the "
+        "impact it described and the user agreed. A deployment id or any other text does not confirm, and a "
+        "token works only for this action on this deployment, unchanged, for 5 minutes. Clients that support "
+        "elicitation ask the user directly instead, and this is ignored.",
+        max_length=bounds.CONFIRM_CHARS,
+    ),
+]
+CommandIdArg = Annotated[
+    str | None,
+    Field(
+        description="Optional idempotency key (lower-case UUID). Re-sending the same one never acts twice.",
+        pattern=UUID_PATTERN,
+    ),
+]
+ZonesArg = list[
+    Annotated[str, Field(pattern=bounds.ZONE_PATTERN, max_length=bounds.ZONE_CHARS, description="A zone name.")]
+]
+
+
+class ConfirmForm(BaseModel):
+    """The elicitation form for destructive tools: the user types the target's name."""
+
+    confirm: str = Field(description="Type the name shown in the message to confirm.")
+
+
+def annotations(
+    title: str, *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool
+) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=open_world,
+    )
+
+
+def tool_result(model: BaseModel, summary: str) -> CallToolResult:
+    """Structured content plus a short summary and the same JSON as text for clients that ignore structure."""
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text=summary),
+            TextContent(type="text", text=model.model_dump_json(exclude_none=False)),
+        ],
+        structured_content=model.model_dump(mode="json"),
+    )
+
+
+async def run(call: Callable[[], T]) -> T:
+    """Run a core call off the event loop; map caller-fixable errors to ToolError, hide everything else."""
+    try:
+        return await anyio.to_thread.run_sync(call)
+    except GatewayError as exc:
+        if exc.confirmation is not None:
+            raise ConfirmationRefused(exc) from None
+        raise ToolError(exc.render()) from None
+    except ToolError:
+        raise
+    except Exception:
+        correlation_id = uuid.uuid4().hex[:12]
+        log.exception("a tool call failed unexpectedly", extra={"correlation_id": correlation_id})
+        raise ToolError(
+            f"[internal] the gateway failed unexpectedly (correlation id {correlation_id}); the details are in "
+            "the gateway's log, not here"
+        ) from None
+
+
+def supports_elicitation(ctx: Context) -> bool:
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+class ConfirmationRefused(ToolError):
+    """A destructive call refused for want of confirmation; ``result`` carries the impact and the new token."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.render())
+        request = error.confirmation
+        assert request is not None
+        self.result = CallToolResult(
+            content=[
+                TextContent(type="text", text=error.render()),
+                TextContent(type="text", text=request.model_dump_json()),
+            ],
+            is_error=True,
+        )
+
+
+async def confirmed_command(call: Callable[[], CommandAccepted]) -> CallToolResult:
+    """A destructive command's result, or its refusal with the impact and the token as an is_error result."""
+    try:
+        accepted = await run(call)
+    except ConfirmationRefused as refused:
+        return refused.result
+    return tool_result(accepted, accepted_summary(accepted))
+
+
+def token_to_use(request: ConfirmationRequest | None, answer: Any, confirm: str | None) -> str | None:
+    """The confirmation token for the core.
+
+    Without elicitation (``request`` is None) it is the caller's ``confirm``, which the core checks. With it, the
+    user was shown ``request.impact`` and typed the target's name: then the token minted before asking is used
+    (so a change made while the user read the question is still refused), and ``confirm`` is ignored.
+    """
+    if request is None:
+        return confirm
+    if not isinstance(answer, AcceptedElicitation):
+        raise ToolError("[confirmation_required] confirm: the user declined; nothing was changed")
+    typed = str(getattr(answer.data, "confirm", "")).strip()
+    if typed != request.target:
+        raise ToolError(
+            GatewayError(
+                "confirmation_required",
+                "confirm",
+                f"what the user typed does not match '{request.target}'; nothing was changed",
+                f"ask again; the user confirms by typing '{request.target}'",
+            ).render()
+        )
+    return request.confirm
+
+
+def accepted_summary(accepted: CommandAccepted) -> str:
+    if accepted.duplicate:
+        return f"{accepted.kind} for {accepted.deployment_id} was already received (command {accepted.command_id})."
+    published = f"Published {accepted.kind} for {accepted.deployment_id}: command_id {accepted.command_id}."
+    return f"{published} {accepted.next_step}"
+
+
+def _confirmation_of(core: GatewayCore, action: Literal["delete", "stop", "restart"]) -> Callable[..., Any]:
+    """With elicitation: the impact and a token, minted before the user is asked. Without: None (the
+    caller's ``confirm`` token decides)."""
+
+    def resolve(deployment_id: str, ctx: Context) -> ConfirmationRequest | None:
+        if not supports_elicitation(ctx):
+            return None
+        try:
+            return core.request_confirmation(action, deployment_id)
+        except GatewayError as exc:
+            raise ToolError(exc.render()) from None
+
+    resolve.__name__ = resolve.__qualname__ = f"confirmation_of_{action}"
+    return resolve
+
+
+def _asking(confirmation: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """Ask the user to type the target's name under the impact (the same words every round)."""
+
+    def resolve(request: Annotated[ConfirmationRequest | None, Resolve(confirmation)]) -> Any:
+        if request is None:
+            return None
+        return Elicit(f"{request.impact}. Type '{request.target}' to confirm.", ConfirmForm)
+
+    resolve.__name__ = resolve.__qualname__ = f"ask_{name}"
+    return resolve
+
+
+class ToolSet:
+    """The tools of one server being registered: the core they call, whether only read-only tools are served,
+    strict registration (``StrictTool``), and the resolvers that confirm the destructive deployment tools."""
+
+    def __init__(self, core: GatewayCore, *, read_only: bool) -> None:
+        self.core = core
+        self.read_only = read_only
+        self.tools: list[Tool] = []
+        self.confirmation = {action: _confirmation_of(core, action) for action in ("delete", "stop", "restart")}
+        self.ask = {action: _asking(self.confirmation[action], action) for action in ("delete", "stop", "restart")}
+
+    def tool(self, *, annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a tool with a closed, strict input schema (``StrictTool``)."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.tools.append(StrictTool.strict(fn, annotations=annotations))
+            return fn
+
+        return register

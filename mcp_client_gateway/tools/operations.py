@@ -1,0 +1,122 @@
+"""Read tools over deployments and commands: the list, one deployment's dashboard, where a command is.
+
+No ``from __future__ import annotations`` here: the SDK reads these signatures at registration.
+"""
+
+from typing import Annotated
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult
+from pydantic import Field
+
+from mcp_client_gateway import bounds
+from mcp_client_gateway.models import DeploymentDetail, DeploymentList, OperationView
+from mcp_client_gateway.tools.common import (
+    UUID_PATTERN,
+    DeploymentIdArg,
+    PhaseChoice,
+    ToolSet,
+    annotations,
+    run,
+    tool_result,
+)
+
+__all__ = ["register"]
+
+
+def register(tools: ToolSet) -> None:
+    """``tpu_list_deployments``, ``tpu_get_deployment``, ``tpu_get_operation``."""
+    _register_list(tools)
+    _register_get(tools)
+    _register_operation(tools)
+
+
+def _register_list(tools: ToolSet) -> None:
+    core = tools.core
+
+    @tools.tool(
+        annotations=annotations(
+            "List deployments", read_only=True, destructive=False, idempotent=True, open_world=False
+        )
+    )
+    async def tpu_list_deployments(
+        phase: Annotated[PhaseChoice | None, Field(description="Only deployments in this phase.")] = None,
+        include_deleted: Annotated[bool, Field(description="Also list deleted deployments.")] = False,
+        offset: Annotated[
+            int,
+            Field(description="Skip this many (from next_offset).", ge=bounds.LIST_OFFSET[0], le=bounds.LIST_OFFSET[1]),
+        ] = 0,
+        limit: Annotated[int, Field(description="Page size.", ge=bounds.LIST_LIMIT[0], le=bounds.LIST_LIMIT[1])] = 20,
+    ) -> Annotated[CallToolResult, DeploymentList]:
+        """List deployments newest first with phase, zone, tier, endpoint, spend and the TPU resources the
+        controller last observed (queued resources and nodes). Read-only, from the state store."""
+        page = await run(
+            lambda: core.list_deployments(include_deleted=include_deleted, phase=phase, offset=offset, limit=limit)
+        )
+        names = ", ".join(f"{d.deployment_id} ({d.phase})" for d in page.deployments) or "none"
+        return tool_result(page, f"{page.total} deployment(s): {names}.")
+
+
+def _register_get(tools: ToolSet) -> None:
+    core = tools.core
+
+    @tools.tool(
+        annotations=annotations(
+            "Deployment dashboard", read_only=True, destructive=False, idempotent=True, open_world=False
+        )
+    )
+    async def tpu_get_deployment(deployment_id: DeploymentIdArg) -> Annotated[CallToolResult, DeploymentDetail]:
+        """The status dashboard of one deployment: phase, zone, tier, queued-resource and node states, the
+        capacity-search attempts with error classes, endpoint, latest SLIs, spend so far and price per hour,
+        and the node's system details (OS, CPU, RAM, disk, chips, HBM, topology) once its agent reported them."""
+        detail = await run(lambda: core.get_deployment(deployment_id))
+        where = f" in {detail.zone} ({detail.tier})" if detail.zone else ""
+        return tool_result(
+            detail, f"{detail.deployment_id}: {detail.phase}{where}; endpoint {detail.endpoint or 'none'}."
+        )
+
+
+def _register_operation(tools: ToolSet) -> None:
+    core = tools.core
+
+    @tools.tool(
+        annotations=annotations(
+            "Follow a command", read_only=True, destructive=False, idempotent=True, open_world=False
+        )
+    )
+    async def tpu_get_operation(
+        command_id: Annotated[
+            str,
+            Field(
+                description="The command_id a command tool returned.",
+                pattern=UUID_PATTERN,
+            ),
+        ],
+        ctx: Context,
+        wait_seconds: Annotated[
+            int,
+            Field(
+                description="Wait up to this long for a change before answering (0-5).",
+                ge=bounds.WAIT_SECONDS[0],
+                le=bounds.WAIT_SECONDS[1],
+            ),
+        ] = 0,
+    ) -> Annotated[CallToolResult, OperationView]:
+        """Progress of a command: queued, waiting for capacity (zone, elapsed), provisioning, booting, starting
+        vLLM, healthy, or failed with the reason. Read-only. With wait_seconds it answers as soon as the stage
+        changes, sending progress notifications meanwhile; call again until done is true."""
+        view = await run(lambda: core.get_operation(command_id))
+        waited = 0.0
+        while not view.done and waited < wait_seconds:
+            await ctx.report_progress(waited, float(wait_seconds), view.stage)
+            await anyio.sleep(0.5)
+            waited += 0.5
+            latest = await run(lambda: core.get_operation(command_id))
+            changed = (latest.stage, latest.status, latest.done) != (view.stage, view.status, view.done)
+            view = latest
+            if changed:
+                break
+        return tool_result(
+            view, f"{view.kind or 'command'} {view.status}: {view.stage}" + (" (done)" if view.done else "")
+        )
