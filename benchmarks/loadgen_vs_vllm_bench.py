@@ -265,36 +265,59 @@ def agreement(
     base_url = server.base_url if server is not None else str(url)
     if pinned:
         os.sched_setaffinity(0, {1})
-    mine: list[dict[str, Any]] = []
-    theirs: list[dict[str, Any]] = []
     try:
-        ours(base_url, replace(work, prompts=16, concurrency=4, rate=None))  # a fresh server's first requests are slow
-        # Together, vLLM's client gets CPU 1 to itself; ours shares CPU 0 with the server, which does not move its
-        # TTFT: ``shared.bench.transport`` stamps each first token with the kernel's receive time.
-        if pinned and together:
-            os.sched_setaffinity(0, {0})
-        for rep in range(reps):
-            if together:
-                before = _server_counters(base_url)
-                pair = side_by_side(base_url, work, tokenizer=model_dir, cpu=1 if pinned else None)
-                shared_view = _server_view(before, _server_counters(base_url))
-                for run, runs in zip(pair, (mine, theirs), strict=True):
-                    runs.append({**run, **shared_view})
-                continue
-            for client in ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours"):
-                before = _server_counters(base_url)
-                if client == "ours":
-                    run = ours(base_url, work)[0]
-                else:
-                    cpu = 1 if pinned else None
-                    run = vllm_bench(base_url, work, model="tiny-llama", tokenizer=model_dir, cpu=cpu)
-                run.update(_server_view(before, _server_counters(base_url)))
-                (mine if client == "ours" else theirs).append(run)
+        mine, theirs = _agreement_runs(base_url, work, reps, model_dir, pinned=pinned, together=together)
     finally:
         os.sched_setaffinity(0, original)
         if server is not None:
             server.stop()
     lines = [
+        _agreement_preamble(work, model, model_dir, reps, pinned=pinned, together=together),
+        "",
+        "| Figure | ours (median) | vllm bench serve (median) | ratio ours / vLLM | within 10 % |",
+        "|---|---|---|---|---|",
+        *_ratio_rows(mine, theirs),
+        "",
+        _server_note(mine, theirs, together=together),
+        *_per_repetition(mine, theirs),
+    ]
+    return lines
+
+
+def _agreement_runs(
+    base_url: str, work: Workload, reps: int, model_dir: Path, *, pinned: bool, together: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Both clients' runs, each with the server's own view of it: at once, or alternating in swapped order."""
+    mine: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    ours(base_url, replace(work, prompts=16, concurrency=4, rate=None))  # a fresh server's first requests are slow
+    # Together, vLLM's client gets CPU 1 to itself; ours shares CPU 0 with the server, which does not move its
+    # TTFT: ``shared.bench.transport`` stamps each first token with the kernel's receive time.
+    if pinned and together:
+        os.sched_setaffinity(0, {0})
+    for rep in range(reps):
+        if together:
+            before = _server_counters(base_url)
+            pair = side_by_side(base_url, work, tokenizer=model_dir, cpu=1 if pinned else None)
+            shared_view = _server_view(before, _server_counters(base_url))
+            for run, runs in zip(pair, (mine, theirs), strict=True):
+                runs.append({**run, **shared_view})
+            continue
+        for client in ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours"):
+            before = _server_counters(base_url)
+            if client == "ours":
+                run = ours(base_url, work)[0]
+            else:
+                cpu = 1 if pinned else None
+                run = vllm_bench(base_url, work, model="tiny-llama", tokenizer=model_dir, cpu=cpu)
+            run.update(_server_view(before, _server_counters(base_url)))
+            (mine if client == "ours" else theirs).append(run)
+    return mine, theirs
+
+
+def _agreement_preamble(work: Workload, model: str, model_dir: Path, reps: int, *, pinned: bool, together: bool) -> str:
+    """What was run and how the CPUs were shared: the figures mean little without it."""
+    return (
         f"Workload: {work.describe()}; model {model} ({model_dir.name}); {reps} repetitions, "
         + (
             "both clients at once (each runs this workload; ours starts as vLLM's starts warming up)"
@@ -310,38 +333,25 @@ def agreement(
             if pinned
             else ""
         )
-        + f". Ratio = median over repetitions of ours / vLLM from {'the same' if together else 'adjacent'} runs.",
-        "",
-        "| Figure | ours (median) | vllm bench serve (median) | ratio ours / vLLM | within 10 % |",
-        "|---|---|---|---|---|",
-    ]
+        + f". Ratio = median over repetitions of ours / vLLM from {'the same' if together else 'adjacent'} runs."
+    )
+
+
+def _ratio_rows(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[str]:
+    """One table row per figure: both medians and the median of the per-repetition ratios."""
+    rows = []
     for key in FIGURES:
         ratios = [float(m[key]) / float(t[key]) for m, t in zip(mine, theirs, strict=True) if float(t[key])]
         ratio = statistics.median(ratios) if ratios else float("nan")
         verdict = "yes" if abs(ratio - 1) <= 0.10 else "NO"
-        lines.append(f"| {key} | {_median(mine, key):.2f} | {_median(theirs, key):.2f} | {ratio:.3f} | {verdict} |")
-    server_ttft = (_median(mine, "server_mean_ttft_ms"), _median(theirs, "server_mean_ttft_ms"))
-    server_itl = (_median(mine, "server_mean_itl_ms"), _median(theirs, "server_mean_itl_ms"))
+        rows.append(f"| {key} | {_median(mine, key):.2f} | {_median(theirs, key):.2f} | {ratio:.3f} | {verdict} |")
+    return rows
+
+
+def _per_repetition(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[str]:
+    """Throughput and mean TTFT of each repetition side by side, so a drifting run shows."""
     pairs = list(zip(mine, theirs, strict=True))
-    if together:
-        server_note = (
-            f"The server's own histograms over the same runs, shared by both clients (warm-ups included): mean "
-            f"TTFT {server_ttft[0]:.2f} ms, mean ITL {server_itl[0]:.2f} ms. Prompt tokens per request as the "
-            f"server counted them: {_median(mine, 'server_prompt_tokens'):.1f}."
-        )
-    else:
-        server_note = (
-            f"The server's own histograms over the same runs (server TTFT excludes HTTP and SSE): mean TTFT "
-            f"{server_ttft[0]:.2f} ms in our runs, {server_ttft[1]:.2f} ms in vLLM's; mean ITL {server_itl[0]:.2f} / "
-            f"{server_itl[1]:.2f} ms. Client mean TTFT minus the server's, per client (HTTP, SSE and client "
-            f"overhead): ours {_median(mine, 'mean_ttft_ms') - server_ttft[0]:.2f} ms, vLLM's "
-            f"{_median(theirs, 'mean_ttft_ms') - server_ttft[1]:.2f} ms. Prompt tokens per request as the server "
-            f"counted them: {_median(mine, 'server_prompt_tokens'):.1f} in our runs, "
-            f"{_median(theirs, 'server_prompt_tokens'):.1f} in vLLM's."
-        )
-    lines += [
-        "",
-        server_note,
+    return [
         "",
         "Request throughput per repetition (ours / vLLM): "
         + ", ".join(f"{m['request_throughput']:.1f}/{t['request_throughput']:.1f}" for m, t in pairs),
@@ -349,7 +359,27 @@ def agreement(
         "Mean TTFT (ms) per repetition (ours / vLLM): "
         + ", ".join(f"{m['mean_ttft_ms']:.1f}/{t['mean_ttft_ms']:.1f}" for m, t in pairs),
     ]
-    return lines
+
+
+def _server_note(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], *, together: bool) -> str:
+    """The server's own latency histograms over the same runs: what each client adds on top of them."""
+    server_ttft = (_median(mine, "server_mean_ttft_ms"), _median(theirs, "server_mean_ttft_ms"))
+    server_itl = (_median(mine, "server_mean_itl_ms"), _median(theirs, "server_mean_itl_ms"))
+    if together:
+        return (
+            f"The server's own histograms over the same runs, shared by both clients (warm-ups included): mean "
+            f"TTFT {server_ttft[0]:.2f} ms, mean ITL {server_itl[0]:.2f} ms. Prompt tokens per request as the "
+            f"server counted them: {_median(mine, 'server_prompt_tokens'):.1f}."
+        )
+    return (
+        f"The server's own histograms over the same runs (server TTFT excludes HTTP and SSE): mean TTFT "
+        f"{server_ttft[0]:.2f} ms in our runs, {server_ttft[1]:.2f} ms in vLLM's; mean ITL {server_itl[0]:.2f} / "
+        f"{server_itl[1]:.2f} ms. Client mean TTFT minus the server's, per client (HTTP, SSE and client "
+        f"overhead): ours {_median(mine, 'mean_ttft_ms') - server_ttft[0]:.2f} ms, vLLM's "
+        f"{_median(theirs, 'mean_ttft_ms') - server_ttft[1]:.2f} ms. Prompt tokens per request as the server "
+        f"counted them: {_median(mine, 'server_prompt_tokens'):.1f} in our runs, "
+        f"{_median(theirs, 'server_prompt_tokens'):.1f} in vLLM's."
+    )
 
 
 def ttft_error(reps: int) -> list[str]:
@@ -371,15 +401,7 @@ def ttft_error(reps: int) -> list[str]:
             stub.reset()
             _point, records = ours(stub.base_url, work)
             detail = stub.stats(detail=True)
-            errors, client = [], []
-            for record in records:
-                if not record.success:
-                    continue
-                errors.append(record.ttft * 1000 - DELAY_MS)
-                times = detail["requests"].get(record.response_id)
-                if times is not None:
-                    received, sent = times
-                    client.append((record.ttft - (sent - received)) * 1000)
+            errors, client = _ttft_errors(records, detail["requests"])
             stub.reset()
             theirs = vllm_bench(stub.base_url, work, model="stub-model", tokenizer=tokenizer, detailed=True)
             their_errors = [ttft * 1000 - DELAY_MS for ttft in theirs["ttfts"]]
@@ -393,6 +415,21 @@ def ttft_error(reps: int) -> list[str]:
     finally:
         stub.stop()
     return lines
+
+
+def _ttft_errors(records: list[RequestRecord], stub_times: dict[str, list[float]]) -> tuple[list[float], list[float]]:
+    """Each successful request's TTFT error (ms), and the client's part of it where the stub's record matches."""
+    errors: list[float] = []
+    client: list[float] = []
+    for record in records:
+        if not record.success:
+            continue
+        errors.append(record.ttft * 1000 - DELAY_MS)
+        times = stub_times.get(record.response_id)
+        if times is not None:
+            received, sent = times
+            client.append((record.ttft - (sent - received)) * 1000)
+    return errors, client
 
 
 def headroom(reps: int) -> list[str]:
@@ -449,7 +486,7 @@ def chat_definition() -> list[str]:
     ]
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=48, help="prompts per run on the real server")
@@ -470,6 +507,11 @@ def main() -> int:
         action="append",
         help="run only these sections (repeatable; default: all)",
     )
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
     wanted = set(args.only or ["agreement", "ttft", "headroom", "chat"])
     started = time.monotonic()

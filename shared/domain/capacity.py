@@ -258,40 +258,25 @@ def estimate_capacity(
     free = usable - weights - allocated
     activation = _activation_bytes(preset, batched, seqs, headroom)
     per_sequence = _windowed_bytes_per_sequence(preset, tp, kv_cache_dtype, policy, context, block)
+    layout = _Layout(
+        tp=tp, context=context, seqs=seqs, batched=batched, block=block, usable=usable, estimated=estimated,
+        weights=weights, weights_source=weights_source, budget=budget, per_token=per_token, blocks=blocks,
+        tokens=tokens, allocated=allocated, free=free, activation=activation, per_sequence=per_sequence,
+    )  # fmt: skip
+    return _report(preset, slice_, layout, weight_dtype, kv_cache_dtype, gpu_memory_utilization)
 
-    reasons: list[str] = []
-    notes: list[str] = []
-    if preset.num_attention_heads % tp:
-        reasons.append(f"tensor parallel size {tp} does not divide {preset.num_attention_heads} attention heads")
-    if preset.num_experts and preset.num_experts % tp:
-        notes.append(f"{preset.num_experts} experts do not split evenly over {tp} chips")
-    if weights >= gpu_memory_utilization * usable:
-        reasons.append(
-            f"weights {weights / GIB:.2f} GiB per chip exceed the {gpu_memory_utilization * usable / GIB:.2f} GiB "
-            f"vLLM may use ({gpu_memory_utilization:.2f} x {slice_.hbm_gib_usable:.2f} GiB): use fp8 weights "
-            "or a larger slice"
-        )
-    elif tokens < context:
-        reasons.append(
-            f"the KV pool holds {tokens:,} tokens, fewer than one {context:,}-token sequence: lower max_model_len, "
-            "use kv_cache_dtype fp8, raise gpu_memory_utilization or use a larger slice"
-        )
-    if weights < gpu_memory_utilization * usable and free < activation:
-        reasons.append(
-            f"{free / GIB:.2f} GiB left per chip for activations, about {activation / GIB:.2f} GiB needed: lower "
-            "gpu_memory_utilization or max_num_batched_tokens"
-        )
-    if context > preset.max_position_embeddings:
-        reasons.append(f"max_model_len {context} exceeds the model's {preset.max_position_embeddings} positions")
-    if batched < preset.min_batched_tokens:
-        notes.append(
-            f"max_num_batched_tokens {batched} is below the largest image ({preset.min_batched_tokens} tokens)"
-        )
-    if tokens and seqs * context > tokens:
-        notes.append(f"at full context only {tokens // context} of {seqs} sequences run at once; the rest queue")
-    if weights != estimated:
-        notes.append(f"parameter-count estimate {estimated / GIB:.2f} GiB per chip; used {weights / GIB:.2f} GiB")
 
+def _report(
+    preset: ModelPreset,
+    slice_: AcceleratorSpec,
+    layout: _Layout,
+    weight_dtype: str,
+    kv_cache_dtype: str,
+    gpu_memory_utilization: float,
+) -> CapacityReport:
+    """The layout in GiB, with the verdict: the reasons it does not fit and the notes on what it costs."""
+    tp, context, tokens = layout.tp, layout.context, layout.tokens
+    reasons = _reasons_it_does_not_fit(preset, slice_, layout, gpu_memory_utilization)
     return CapacityReport(
         model=preset.name,
         accelerator=slice_.name,
@@ -301,28 +286,101 @@ def estimate_capacity(
         kv_cache_dtype=_kv_dtype(preset, kv_cache_dtype),
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=context,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        block_size=block,
+        max_num_seqs=layout.seqs,
+        max_num_batched_tokens=layout.batched,
+        block_size=layout.block,
         usable_hbm_gib=slice_.hbm_gib_usable,
-        weights_gib=weights / GIB,
-        weights_estimate_gib=estimated / GIB,
-        weights_source=weights_source,
-        kv_budget_gib=budget / GIB,
-        kv_allocated_gib=allocated / GIB,
-        free_gib=free / GIB,
-        activation_estimate_gib=activation / GIB,
-        kv_bytes_per_token=per_token,
-        kv_heads_per_chip=tuple(kv_heads_per_chip(g.kv_heads, tp, policy) for g in preset.attention),
+        weights_gib=layout.weights / GIB,
+        weights_estimate_gib=layout.estimated / GIB,
+        weights_source=layout.weights_source,
+        kv_budget_gib=layout.budget / GIB,
+        kv_allocated_gib=layout.allocated / GIB,
+        free_gib=layout.free / GIB,
+        activation_estimate_gib=layout.activation / GIB,
+        kv_bytes_per_token=layout.per_token,
+        kv_heads_per_chip=tuple(
+            kv_heads_per_chip(g.kv_heads, tp, slice_.runtime.kv_head_policy) for g in preset.attention
+        ),
         head_dims=tuple(g.head_dim for g in preset.attention),
-        num_blocks=blocks,
+        num_blocks=layout.blocks,
         kv_tokens=tokens,
         max_sequences_at_context=tokens // context,
-        max_sequences_if_windows_freed=int(allocated // per_sequence) if per_sequence else 0,
+        max_sequences_if_windows_freed=int(layout.allocated // layout.per_sequence) if layout.per_sequence else 0,
         fits=not reasons,
         reasons=tuple(reasons),
-        notes=tuple(notes),
+        notes=tuple(_layout_notes(preset, layout)),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The per-chip numbers the verdict is judged on (bytes, tokens), computed once by ``estimate_capacity``."""
+
+    tp: int
+    context: int
+    seqs: int
+    batched: int
+    block: int
+    usable: float
+    estimated: float
+    weights: float
+    weights_source: str
+    budget: float
+    per_token: int
+    blocks: int
+    tokens: int
+    allocated: float
+    free: float
+    activation: float
+    per_sequence: int
+
+
+def _reasons_it_does_not_fit(
+    preset: ModelPreset, slice_: AcceleratorSpec, layout: _Layout, gpu_memory_utilization: float
+) -> list[str]:
+    """Why vLLM would refuse to start (or run out of memory) with this layout; empty when it fits."""
+    tp, context, weights, usable = layout.tp, layout.context, layout.weights, layout.usable
+    reasons: list[str] = []
+    if preset.num_attention_heads % tp:
+        reasons.append(f"tensor parallel size {tp} does not divide {preset.num_attention_heads} attention heads")
+    if weights >= gpu_memory_utilization * usable:
+        reasons.append(
+            f"weights {weights / GIB:.2f} GiB per chip exceed the {gpu_memory_utilization * usable / GIB:.2f} GiB "
+            f"vLLM may use ({gpu_memory_utilization:.2f} x {slice_.hbm_gib_usable:.2f} GiB): use fp8 weights "
+            "or a larger slice"
+        )
+    elif layout.tokens < context:
+        reasons.append(
+            f"the KV pool holds {layout.tokens:,} tokens, fewer than one {context:,}-token sequence: lower "
+            "max_model_len, use kv_cache_dtype fp8, raise gpu_memory_utilization or use a larger slice"
+        )
+    if weights < gpu_memory_utilization * usable and layout.free < layout.activation:
+        reasons.append(
+            f"{layout.free / GIB:.2f} GiB left per chip for activations, about {layout.activation / GIB:.2f} GiB "
+            "needed: lower gpu_memory_utilization or max_num_batched_tokens"
+        )
+    if context > preset.max_position_embeddings:
+        reasons.append(f"max_model_len {context} exceeds the model's {preset.max_position_embeddings} positions")
+    return reasons
+
+
+def _layout_notes(preset: ModelPreset, layout: _Layout) -> list[str]:
+    """What the operator should know about a layout that still starts (uneven experts, queueing, estimates)."""
+    tp, context, tokens, seqs = layout.tp, layout.context, layout.tokens, layout.seqs
+    notes: list[str] = []
+    if preset.num_experts and preset.num_experts % tp:
+        notes.append(f"{preset.num_experts} experts do not split evenly over {tp} chips")
+    if layout.batched < preset.min_batched_tokens:
+        notes.append(
+            f"max_num_batched_tokens {layout.batched} is below the largest image ({preset.min_batched_tokens} tokens)"
+        )
+    if tokens and seqs * context > tokens:
+        notes.append(f"at full context only {tokens // context} of {seqs} sequences run at once; the rest queue")
+    if layout.weights != layout.estimated:
+        notes.append(
+            f"parameter-count estimate {layout.estimated / GIB:.2f} GiB per chip; used {layout.weights / GIB:.2f} GiB"
+        )
+    return notes
 
 
 def smallest_fitting_slice(

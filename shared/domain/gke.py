@@ -68,18 +68,48 @@ def _pod_argv(launch: VllmLaunch) -> list[str]:
 def render_gke_manifest(launch: VllmLaunch, slice_: AcceleratorSpec, model_revision: str, options: GkeOptions) -> str:
     """Deployment + Service YAML (two documents) for one serving plan."""
     labels = _labels(options)
-    model = launch.argv[2]
-    cache_volume: dict[str, Any] = (
-        {"name": "cache", "persistentVolumeClaim": {"claimName": options.cache_claim}}
-        if options.cache_claim
-        else {"name": "cache", "emptyDir": {"sizeLimit": f"{options.cache_size_gi}Gi"}}
-    )
     cache_mounts = [
         {"name": "cache", "mountPath": launch.hf_cache_dir, "subPath": "hf"},
         {"name": "cache", "mountPath": launch.vllm_cache_dir, "subPath": "vllm"},
     ]
-    tpu = {"google.com/tpu": str(slice_.chips)}
-    download = {
+    pod_spec = {
+        "nodeSelector": {
+            "cloud.google.com/gke-tpu-accelerator": slice_.gke_accelerator,
+            "cloud.google.com/gke-tpu-topology": slice_.topology,
+        },
+        "terminationGracePeriodSeconds": 60,
+        "automountServiceAccountToken": False,
+        "initContainers": [_download_container(launch, model_revision, cache_mounts)],
+        "containers": [_serving_container(launch, slice_, cache_mounts)],
+        "volumes": _volumes(options),
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": options.name, "namespace": options.namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # the TPU slice cannot hold two pods at once
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": options.name, "namespace": options.namespace, "labels": labels},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [{"name": "http", "port": launch.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def _download_container(launch: VllmLaunch, model_revision: str, cache_mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The init container: fetch the weights with the token from a mounted Secret, so serving runs offline."""
+    return {
         "name": "download-weights",
         "image": launch.image,
         "command": [
@@ -87,7 +117,7 @@ def render_gke_manifest(launch: VllmLaunch, slice_: AcceleratorSpec, model_revis
             "-c",
             "import sys; from huggingface_hub import snapshot_download; "
             "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None)",
-            model,
+            launch.argv[2],
             model_revision,
         ],
         "env": [
@@ -97,7 +127,14 @@ def render_gke_manifest(launch: VllmLaunch, slice_: AcceleratorSpec, model_revis
         ],
         "volumeMounts": [*cache_mounts, {"name": "hf-token", "mountPath": HF_TOKEN_MOUNT_DIR, "readOnly": True}],
     }
-    serving = {
+
+
+def _serving_container(
+    launch: VllmLaunch, slice_: AcceleratorSpec, cache_mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The vLLM container: the VM's launch on the pod network, holding the slice's chips, with its probes."""
+    tpu = {"google.com/tpu": str(slice_.chips)}
+    return {
         "name": "vllm",
         "image": launch.image,
         "command": list(launch.command),
@@ -115,57 +152,23 @@ def render_gke_manifest(launch: VllmLaunch, slice_: AcceleratorSpec, model_revis
         "readinessProbe": _probe("/health", 10, 3),
         "livenessProbe": _probe("/health", 30, 5, timeout=10),
     }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": options.name, "namespace": options.namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},  # the TPU slice cannot hold two pods at once
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {
-                        "cloud.google.com/gke-tpu-accelerator": slice_.gke_accelerator,
-                        "cloud.google.com/gke-tpu-topology": slice_.topology,
-                    },
-                    "terminationGracePeriodSeconds": 60,
-                    "automountServiceAccountToken": False,
-                    "initContainers": [download],
-                    "containers": [serving],
-                    "volumes": [
-                        cache_volume,
-                        {
-                            "name": "api-key",
-                            "secret": {
-                                "secretName": options.api_key_secret,
-                                "defaultMode": 0o400,
-                                "items": [{"key": "vllm-api-key", "path": "vllm-api-key"}],
-                            },
-                        },
-                        {
-                            "name": "hf-token",
-                            "secret": {
-                                "secretName": options.hf_token_secret,
-                                "defaultMode": 0o400,
-                                "items": [{"key": "hf-token", "path": "hf-token"}],
-                            },
-                        },
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": options.name, "namespace": options.namespace, "labels": labels},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": labels,
-            "ports": [{"name": "http", "port": launch.port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
-    return yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def _secret_volume(name: str, secret: str, key: str) -> dict[str, Any]:
+    """A Secret mounted read-only by its owner, one key as one file."""
+    return {"name": name, "secret": {"secretName": secret, "defaultMode": 0o400, "items": [{"key": key, "path": key}]}}
+
+
+def _volumes(options: GkeOptions) -> list[dict[str, Any]]:
+    """The caches (a claim, or scratch space), both Secrets and a memory-backed /dev/shm."""
+    cache_volume: dict[str, Any] = (
+        {"name": "cache", "persistentVolumeClaim": {"claimName": options.cache_claim}}
+        if options.cache_claim
+        else {"name": "cache", "emptyDir": {"sizeLimit": f"{options.cache_size_gi}Gi"}}
+    )
+    return [
+        cache_volume,
+        _secret_volume("api-key", options.api_key_secret, "vllm-api-key"),
+        _secret_volume("hf-token", options.hf_token_secret, "hf-token"),
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+    ]

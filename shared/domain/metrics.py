@@ -215,85 +215,115 @@ def snapshot_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]
         for name in names:
             wanted_scalars[name] = short
     hist_family: dict[str, str] = {name: short for short, names in HISTOGRAM_FAMILIES.items() for name in names}
-
-    scalars: dict[str, float] = {}  # by sample name, combined over engines
     max_combined = {name for short in _MAX_GAUGES for name in GAUGE_SAMPLES[short]}
-    success: dict[str, float] = {}
-    created: list[float] = []
-    buckets: dict[str, dict[float, float]] = {}
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
+
+    totals = _SampleTotals()
+    for name, labels, value in samples:
+        if not math.isfinite(value) and not name.endswith("_bucket"):
+            continue
+        special = _SPECIAL_SAMPLES.get(name)
+        if name in wanted_scalars:
+            totals.add_scalar(name, value, keep_max=name in max_combined)
+        elif special is not None:
+            special(totals, labels, value)
+        elif (family := _family_of(name)) in hist_family:
+            totals.add_histogram_sample(family, name, labels, value)
+
+    legacy: list[str] = []
+    counters = _pick(COUNTER_SAMPLES, totals.scalars, legacy)
+    gauges = _pick(GAUGE_SAMPLES, totals.scalars, legacy)
+    histograms = _histograms(totals, legacy)
+    return MetricsSnapshot(
+        counters=counters,
+        success_by_reason=totals.success,
+        gauges=gauges,
+        histograms=histograms,
+        http_requests=totals.http_total,
+        http_5xx=totals.http_5xx,
+        started_at=totals.started_at,
+        created_at=min(totals.created) if totals.created else None,
+        legacy_names=tuple(legacy),
+    )
+
+
+@dataclass
+class _SampleTotals:
+    """Running totals while one scrape is read: the samples of every engine combined into one figure each."""
+
+    scalars: dict[str, float] = field(default_factory=dict)  # by sample name
+    success: dict[str, float] = field(default_factory=dict)  # by finished_reason
+    created: list[float] = field(default_factory=list)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # by family, then bound
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
     http_total: float | None = None
     http_5xx: float | None = None
     started_at: float | None = None
 
-    for name, labels, value in samples:
-        if not math.isfinite(value) and not name.endswith("_bucket"):
-            continue
-        if name in wanted_scalars:
-            if name in max_combined:
-                scalars[name] = max(scalars.get(name, -math.inf), value)
-            else:
-                scalars[name] = scalars.get(name, 0.0) + value
-            continue
-        if name == _SUCCESS:
-            reason = labels.get("finished_reason", "unknown")
-            success[reason] = success.get(reason, 0.0) + value
-            continue
-        if name == _SUCCESS_CREATED:
-            created.append(value)
-            continue
-        if name == _PROCESS_START:
-            started_at = value if started_at is None else min(started_at, value)
-            continue
-        if name == _HTTP_REQUESTS:
-            http_total = (http_total or 0.0) + value
-            if labels.get("status") == "5xx":
-                http_5xx = (http_5xx or 0.0) + value
-            elif http_5xx is None:
-                http_5xx = 0.0
-            continue
-        family = _family_of(name)
-        if family not in hist_family:
-            continue
+    def add_scalar(self, name: str, value: float, *, keep_max: bool) -> None:
+        """Counters add up over engines; a few gauges (a usage share) take the worst engine instead."""
+        if keep_max:
+            self.scalars[name] = max(self.scalars.get(name, -math.inf), value)
+        else:
+            self.scalars[name] = self.scalars.get(name, 0.0) + value
+
+    def add_success(self, labels: Mapping[str, str], value: float) -> None:
+        reason = labels.get("finished_reason", "unknown")
+        self.success[reason] = self.success.get(reason, 0.0) + value
+
+    def add_created(self, labels: Mapping[str, str], value: float) -> None:
+        self.created.append(value)
+
+    def add_process_start(self, labels: Mapping[str, str], value: float) -> None:
+        """The earliest start among the processes: a restart of any one moves it."""
+        self.started_at = value if self.started_at is None else min(self.started_at, value)
+
+    def add_http(self, labels: Mapping[str, str], value: float) -> None:
+        """HTTP requests, and the 5xx among them (0 once any request was counted, None when never)."""
+        self.http_total = (self.http_total or 0.0) + value
+        if labels.get("status") == "5xx":
+            self.http_5xx = (self.http_5xx or 0.0) + value
+        elif self.http_5xx is None:
+            self.http_5xx = 0.0
+
+    def add_histogram_sample(self, family: str, name: str, labels: Mapping[str, str], value: float) -> None:
         if name.endswith("_bucket"):
             bound = _decode_bound(labels.get("le", "+Inf"))
-            per_bound = buckets.setdefault(family, {})
+            per_bound = self.buckets.setdefault(family, {})
             per_bound[bound] = per_bound.get(bound, 0.0) + value
         elif name.endswith("_sum"):
-            sums[family] = sums.get(family, 0.0) + value
+            self.sums[family] = self.sums.get(family, 0.0) + value
         elif name.endswith("_count"):
-            counts[family] = counts.get(family, 0.0) + value
+            self.counts[family] = self.counts.get(family, 0.0) + value
 
-    legacy: list[str] = []
-    counters = _pick(COUNTER_SAMPLES, scalars, legacy)
-    gauges = _pick(GAUGE_SAMPLES, scalars, legacy)
+
+_SPECIAL_SAMPLES = {
+    _SUCCESS: _SampleTotals.add_success,
+    _SUCCESS_CREATED: _SampleTotals.add_created,
+    _PROCESS_START: _SampleTotals.add_process_start,
+    _HTTP_REQUESTS: _SampleTotals.add_http,
+}
+"""Samples that are neither a wanted counter or gauge nor a histogram, each with how it is combined."""
+
+
+def _histograms(totals: _SampleTotals, legacy: list[str]) -> dict[str, Histogram]:
+    """One histogram per short name, from the first family name the server exposed (later ones are legacy)."""
     histograms: dict[str, Histogram] = {}
     for short, names in HISTOGRAM_FAMILIES.items():
         for position, family in enumerate(names):
-            if family in buckets:
-                ordered = sorted(buckets[family].items())
+            if family in totals.buckets:
+                ordered = sorted(totals.buckets[family].items())
                 cumulative = _monotone([count for _, count in ordered])
                 histograms[short] = Histogram(
                     bounds=tuple(bound for bound, _ in ordered),
                     cumulative=tuple(cumulative),
-                    sum=sums.get(family, 0.0),
-                    count=counts.get(family, cumulative[-1] if cumulative else 0.0),
+                    sum=totals.sums.get(family, 0.0),
+                    count=totals.counts.get(family, cumulative[-1] if cumulative else 0.0),
                 )
                 if position:
                     legacy.append(family)
                 break
-    return MetricsSnapshot(
-        counters=counters,
-        success_by_reason=success,
-        gauges=gauges,
-        histograms=histograms,
-        http_requests=http_total,
-        http_5xx=http_5xx,
-        started_at=started_at,
-        created_at=min(created) if created else None,
-        legacy_names=tuple(legacy),
-    )
+    return histograms
 
 
 def _pick(table: Mapping[str, tuple[str, ...]], scalars: Mapping[str, float], legacy: list[str]) -> dict[str, float]:
@@ -495,18 +525,7 @@ def derive_interval(previous: MetricsSnapshot | None, current: MetricsSnapshot, 
             finished_by_reason[reason] = max(0.0, value - base.success_by_reason.get(reason, 0.0))
     finished = sum(finished_by_reason.values()) if finished_by_reason else None
 
-    latency: dict[str, LatencySummary] = {}
-    for name, hist in current.histograms.items():
-        earlier = base.histograms.get(name)
-        if earlier is None and not reset:
-            continue
-        delta_hist = hist if earlier is None else hist.minus(earlier)
-        if delta_hist is None:
-            delta_hist = hist
-        summary = LatencySummary.of(delta_hist)
-        if summary is not None:
-            latency[name] = summary
-
+    latency = _latency_over(current, base, reset=reset)
     queries, hits = delta("prefix_cache_queries"), delta("prefix_cache_hits")
     http_5xx = None
     if current.http_5xx is not None and (reset or previous.http_5xx is not None):
@@ -531,3 +550,19 @@ def derive_interval(previous: MetricsSnapshot | None, current: MetricsSnapshot, 
         waiting=waiting,
         kv_cache_usage=kv_cache_usage,
     )
+
+
+def _latency_over(current: MetricsSnapshot, base: MetricsSnapshot, *, reset: bool) -> dict[str, LatencySummary]:
+    """Percentiles of what each histogram observed since ``base`` (all of it after a restart)."""
+    latency: dict[str, LatencySummary] = {}
+    for name, hist in current.histograms.items():
+        earlier = base.histograms.get(name)
+        if earlier is None and not reset:
+            continue
+        delta_hist = hist if earlier is None else hist.minus(earlier)
+        if delta_hist is None:
+            delta_hist = hist
+        summary = LatencySummary.of(delta_hist)
+        if summary is not None:
+            latency[name] = summary
+    return latency

@@ -21,32 +21,24 @@ search soon has a request waiting in every pair, as the issue asks of WAITING_FO
 request that found capacity (PROVISIONING) is never cut short; the first ACTIVE slice wins and every
 other request (parked ones too) is force-deleted and verified gone. A generation whose boot failed (the
 monitor read ``failed`` from its node's startup script and set FAILED) has every slice deleted and stays FAILED.
+
+This module holds the rules; the actions, policy and naming are in :mod:`shared.domain.planner_actions`
+(re-exported here) and the scratch state with its primitive edits in :mod:`shared.domain.planner_pass`.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from shared.domain.backends import blocking_entry_for, candidate_backends, learn_for_backend, rank_backends
+from shared.domain.backends import blocking_entry_for, learn_for_backend, rank_backends
 from shared.domain.boot_progress import BOOT_FAILED
-from shared.domain.cloud import (
-    LABEL_DEPLOYMENT,
-    LABEL_GENERATION,
-    LABEL_MANAGED_BY,
-    ObservedResource,
-    ProvisionRequest,
-    accelerator_family,
-)
+from shared.domain.cloud import LABEL_GENERATION, ObservedResource, accelerator_family
 from shared.domain.errors import ErrorClass
 from shared.domain.models import (
-    AttemptLog,
     Backend,
     DeploymentRecord,
-    DeploymentSpec,
     DeploymentStatus,
     Desired,
     NodeState,
@@ -56,10 +48,25 @@ from shared.domain.models import (
     Tier,
     ZoneMemoryEntry,
 )
+from shared.domain.planner_actions import (
+    LABEL_ATTEMPT,
+    MANAGED_BY,
+    Action,
+    CreateQueuedResource,
+    DeleteResource,
+    ForgetZone,
+    OperationOutcome,
+    PlannerPolicy,
+    RememberZone,
+    WriteStatus,
+    parse_resource_name,
+    request_id,
+    resource_name,
+)
+from shared.domain.planner_pass import PlanningPass
 from shared.domain.prices import price_per_chip_hour
 from shared.domain.zone_memory import (
     CloudFailure,
-    MemoryPolicy,
     PriceFn,
     estimated_price,
     forget_on_success,
@@ -68,11 +75,11 @@ from shared.domain.zone_memory import (
     learn_stuck,
     quota_released,
     rate_limited_until,
-    remembered_failures,
     stockout_key,
 )
 
 __all__ = [
+    "LABEL_ATTEMPT",
     "MANAGED_BY",
     "Action",
     "CreateQueuedResource",
@@ -88,11 +95,6 @@ __all__ = [
     "request_id",
     "resource_name",
 ]
-
-MANAGED_BY = "tpuctl"
-LABEL_ATTEMPT = "tpuctl-attempt"
-_REQUEST_NAMESPACE = uuid.UUID("6f1c5d1e-6b0e-4d59-9a57-3c1f4e0b7a21")
-_NAME_SUFFIX = re.compile(r"-g([0-9]+)-a([0-9]+)$")
 
 # Phases the provisioner owns; the monitor owns the serving ones (BOOTING onwards) once a slice is up.
 _PROVISIONER_PHASES = frozenset(
@@ -118,117 +120,6 @@ _PENDING_STATES = frozenset(
 )
 _DEAD_STATES = frozenset({QueuedResourceState.FAILED, QueuedResourceState.SUSPENDING, QueuedResourceState.SUSPENDED})
 _DEAD_NODES = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED})
-
-
-# ---------------------------------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class RememberZone:
-    """Store (create or replace) one zone-memory entry."""
-
-    entry: ZoneMemoryEntry
-
-
-@dataclass(frozen=True)
-class ForgetZone:
-    """Delete one zone-memory entry."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class WriteStatus:
-    """The deployment's new status; written (compare-and-set, fenced) before any API call."""
-
-    status: DeploymentStatus
-
-
-@dataclass(frozen=True)
-class CreateQueuedResource:
-    """Ask for one slice; the id and request id are deterministic, so repeating it is harmless."""
-
-    request: ProvisionRequest
-    reissue: bool = False
-
-
-@dataclass(frozen=True)
-class DeleteResource:
-    """Force-delete one of our resources (observed with our label); gone is confirmed on a later tick."""
-
-    zone: str
-    name: str
-    request_id: str
-    reason: str
-    force: bool = True
-
-
-Action = RememberZone | ForgetZone | WriteStatus | CreateQueuedResource | DeleteResource
-
-
-@dataclass(frozen=True)
-class OperationOutcome:
-    """What became of a create: its long-running operation, or the synchronous error of the call."""
-
-    done: bool
-    failure: CloudFailure | None = None
-
-
-@dataclass(frozen=True)
-class PlannerPolicy:
-    """Knobs of the search. Durations in seconds."""
-
-    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
-    expectation_timeout_s: float = 900.0
-    """A create recorded but never confirmed nor observed is dropped after this."""
-    list_grace_s: float = 180.0
-    """A create whose operation finished may take this long to show up in a list."""
-    provisioning_stuck_s: float = 1200.0
-    """PROVISIONING this long is "stuck" (not "waiting for chips"): it stops counting toward the hedge."""
-    provisioning_give_up_s: float = 2700.0
-    """PROVISIONING this long is abandoned: force-deleted and the pair cooled down."""
-    capacity_check_minutes: float | None = 5.0
-    """How long a request may sit in WAITING_FOR_RESOURCES before the search tries elsewhere: doubled for
-    each time the pair came up empty, capped by the spec's valid_until_minutes. A request that found
-    capacity (PROVISIONING) is never cut short. None: every request waits its full valid-until. With
-    parking the check only paces how fast the search spreads over the pairs, so it is short (5 min: on
-    the scarce-v6e benchmark the median time to ACTIVE is minutes lower than with 10, docs/benchmarks.md)."""
-    park_after_check: int = 16
-    """Up to this many requests past their capacity check stay queued ("parked": free while they wait, no
-    longer counted toward the hedge) instead of being force-deleted, until their own valid-until or the
-    first ACTIVE slice; the search moves on to the next pair meanwhile. 16 covers every pair of a typical
-    spec (6 zones x 3 tiers) while bounding what one deployment keeps queued (where the provider counts
-    waiting requests against quota, they hold it; a refusal then blocks that quota as usual).
-    0: every checked request is force-deleted and its pair asked again after its cooldown."""
-    waiting_overdue_s: float = 600.0
-    """A request still queued this long past its own valid-until is given up (force-deleted)."""
-    handover_s: float = 1800.0
-    """Make-before-break: the old generation is deleted once the new one serves, or after this long."""
-    tick_interval_s: float = 60.0
-    """How often reconcile ticks come (the budget stop looks this far ahead)."""
-    max_attempts: int = 500
-    max_creates_per_plan: int = 4
-    attempt_log_limit: int = 60
-    runtime_version: str = "v2-alpha-tpuv6e"
-
-
-# ------------------------------------------------------------------------------------------------ names
-
-
-def resource_name(deployment_id: str, generation: int, attempt: int) -> str:
-    """``{deployment}-g{generation}-a{attempt}``: deterministic, so a retried create finds its own slice."""
-    return f"{deployment_id}-g{generation}-a{attempt}"
-
-
-def parse_resource_name(name: str) -> tuple[int, int] | None:
-    """``gemma-g2-a7`` -> (2, 7); None for names we did not make."""
-    match = _NAME_SUFFIX.search(name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def request_id(deployment_id: str, generation: int, attempt: int, verb: str) -> str:
-    """UUIDv5 of (deployment, generation, attempt, verb): the same call always carries the same id."""
-    return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{deployment_id}/{generation}/{attempt}/{verb}"))
 
 
 def needs_ticks(record: DeploymentRecord) -> bool:
@@ -280,95 +171,8 @@ def plan(
     return planning.run()
 
 
-class _Planning:
-    """One planning pass; mutable scratch state kept out of the public function."""
-
-    def __init__(
-        self,
-        *,
-        record: DeploymentRecord,
-        observed: Sequence[ObservedResource],
-        memory: dict[str, ZoneMemoryEntry],
-        now: datetime,
-        outcomes: Mapping[str, OperationOutcome],
-        create_tokens: int,
-        reissue: bool,
-        startup_script: str,
-        price: PriceFn,
-        policy: PlannerPolicy,
-    ) -> None:
-        self.record = record
-        self.spec: DeploymentSpec = record.spec
-        self.generation = record.generation
-        self.now = now
-        self.memory = memory
-        self.outcomes = outcomes
-        self.tokens = max(0, create_tokens)
-        self.reissue = reissue
-        self.startup_script = startup_script
-        self.price = price
-        self.policy = policy
-        self.before = record.status
-        # Refs are edited in place, so they are copied; attempt logs are only appended to.
-        self.status = record.status.model_copy(
-            update={"resources": [ref.model_copy() for ref in record.status.resources]}
-        )
-        self.observed = {o.name: o for o in observed if o.owned_by == record.deployment_id}
-        self.refs: dict[str, ResourceRef] = {r.name: r for r in self.status.resources}
-        self.memory_actions: list[Action] = []
-        self.calls: list[Action] = []
-        self.attempts: list[AttemptLog] = []
-        self.notes: list[str] = []
-        self.deleting: set[str] = set()
-        # Requests name a concrete back end; "any" ranks both (shared.domain.backends), Compute Engine first on ties.
-        self.backends = candidate_backends(self.spec.backend)
-        self.backend = self.backends[0]
-
-    # -- bookkeeping helpers ------------------------------------------------------------------------
-
-    def remember(self, entry: ZoneMemoryEntry | None) -> None:
-        if entry is None:
-            return
-        self.memory[entry.key] = entry
-        self.memory_actions.append(RememberZone(entry))
-
-    def forget(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            if key in self.memory:
-                del self.memory[key]
-                self.memory_actions.append(ForgetZone(key))
-
-    def log(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
-        self.attempts.append(
-            AttemptLog(at=self.now, zone=ref.zone, tier=ref.tier, outcome=outcome, detail=detail[:300])
-        )
-
-    def age_s(self, since: datetime | None) -> float:
-        return (self.now - since).total_seconds() if since is not None else 0.0
-
-    def drop(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
-        self.refs.pop(ref.name, None)
-        self.log(ref, outcome, detail)
-
-    def request_delete(self, ref: ResourceRef, reason: str) -> None:
-        """Delete a resource we observed with our label, unless it is already on its way out."""
-        seen = self.observed.get(ref.name)
-        if seen is None or ref.name in self.deleting:
-            return
-        if ref.delete_requested_at is None:
-            ref.delete_requested_at = self.now
-            self.log(ref, "deleting", reason)
-        if seen.state is QueuedResourceState.DELETING:
-            return
-        self.deleting.add(ref.name)
-        self.calls.append(
-            DeleteResource(
-                zone=ref.zone,
-                name=ref.name,
-                request_id=request_id(self.record.deployment_id, ref.generation, ref.attempt, "delete"),
-                reason=reason,
-            )
-        )
+class _Planning(PlanningPass):
+    """One planning pass: the rules, applied to the scratch state of :class:`PlanningPass`."""
 
     # -- the pass -----------------------------------------------------------------------------------
 
@@ -597,17 +401,7 @@ class _Planning:
             if ref.state is QueuedResourceState.FAILED and not preempted:
                 if ref.active_at is None:
                     detail = seen.error_message or "no capacity before valid-until"
-                    self.remember(
-                        learn(
-                            CloudFailure(ErrorClass.STOCKOUT, detail),
-                            zone=ref.zone,
-                            tier=ref.tier,
-                            accelerator=accelerator,
-                            memory=self.memory,
-                            now=self.now,
-                            policy=self.policy.memory,
-                        )
-                    )
+                    self.learn_empty(ref, detail)
                     self.log(ref, "expired", detail)
                 else:
                     self.log(ref, "failed", seen.error_message or "failed after ACTIVE")
@@ -665,7 +459,29 @@ class _Planning:
 
     def search(self, current: list[ResourceRef], serving_old: list[ResourceRef]) -> None:
         """No slice of this generation is ACTIVE: keep up to ``hedge`` requests outstanding."""
-        accelerator = self.spec.accelerator
+        outstanding, parked, waiting_notes = self.sort_pending(current)
+        paused_until = rate_limited_until(self.memory, self.now)
+        created = 0
+        if paused_until is None:
+            created = self.ask_for_more(outstanding, parked)
+        else:
+            self.notes.append(f"create rate limit: no new requests before {paused_until:%H:%M:%S}")
+
+        if serving_old and self.status.phase not in _PROVISIONER_PHASES:
+            self.status.message = (
+                f"generation {self.generation}: searching; generation {serving_old[0].generation} serves"
+            )
+            return
+        provisioning = any(r.state is QueuedResourceState.PROVISIONING for r in outstanding)
+        if outstanding or created or parked:
+            self.set_phase(Phase.PROVISIONING if provisioning else Phase.SEARCHING)
+            self.status.message = "; ".join(self.notes + waiting_notes) or "requests sent"
+            return
+        self.explain_nothing_to_try(waiting_notes)
+
+    def sort_pending(self, current: list[ResourceRef]) -> tuple[list[ResourceRef], list[ResourceRef], list[str]]:
+        """Split this generation's pending requests into outstanding (counted toward the hedge) and parked,
+        giving up the overdue ones; returns both and a note per request for the status message."""
         outstanding: list[ResourceRef] = []
         parked: list[ResourceRef] = []
         waiting_notes: list[str] = []
@@ -688,59 +504,48 @@ class _Planning:
                 self.reissue_create(ref)
             label = "waiting for chips" if ref.state is QueuedResourceState.WAITING else ref.state.value.lower()
             waiting_notes.append(f"{ref.zone} {ref.tier.value}: {label} {self.age_s(ref.created_at) / 60:.0f} min")
+        return outstanding, parked, waiting_notes
 
-        paused_until = rate_limited_until(self.memory, self.now)
+    def ask_for_more(self, outstanding: list[ResourceRef], parked: list[ResourceRef]) -> int:
+        """Create requests in the best free pairs until the hedge is full; returns how many were created."""
+        accelerator = self.spec.accelerator
         created = 0
-        if paused_until is None:
-            parked_names = {r.name for r in parked}
-            busy_zones = {
-                r.zone
-                for r in self.refs.values()
-                if r.generation == self.generation
-                and r.delete_requested_at is None
-                and r.state in _PENDING_STATES
-                and r.name not in parked_names
-            }
-            parked_pairs = {(r.zone, r.tier) for r in parked}
-            need = self.spec.hedge - len(outstanding)
-            ranked = rank_backends(
-                self.spec.zones,
-                self.spec.tiers,
-                self.backends,
-                accelerator,
-                self.memory,
-                self.now,
-                price=self.price,
-                policy=self.policy.memory,
-            )
-            # Sweep every pair before asking again where the search already came up empty (stable sort:
-            # within a sweep the back-end ranking's order stands).
-            ranked.sort(key=lambda item: item.candidate.remembered_failures)
-            for candidate in ranked:
-                if need <= 0 or self.tokens <= 0 or created >= self.policy.max_creates_per_plan:
-                    break
-                if self.status.next_attempt >= self.policy.max_attempts:
-                    break
-                if candidate.zone in busy_zones or (candidate.zone, candidate.tier) in parked_pairs:
-                    continue
-                self.create(candidate.zone, candidate.tier, candidate.backend)
-                busy_zones.add(candidate.zone)
-                need -= 1
-                created += 1
-        else:
-            self.notes.append(f"create rate limit: no new requests before {paused_until:%H:%M:%S}")
-
-        if serving_old and self.status.phase not in _PROVISIONER_PHASES:
-            self.status.message = (
-                f"generation {self.generation}: searching; generation {serving_old[0].generation} serves"
-            )
-            return
-        provisioning = any(r.state is QueuedResourceState.PROVISIONING for r in outstanding)
-        if outstanding or created or parked:
-            self.set_phase(Phase.PROVISIONING if provisioning else Phase.SEARCHING)
-            self.status.message = "; ".join(self.notes + waiting_notes) or "requests sent"
-            return
-        self.explain_nothing_to_try(waiting_notes)
+        parked_names = {r.name for r in parked}
+        busy_zones = {
+            r.zone
+            for r in self.refs.values()
+            if r.generation == self.generation
+            and r.delete_requested_at is None
+            and r.state in _PENDING_STATES
+            and r.name not in parked_names
+        }
+        parked_pairs = {(r.zone, r.tier) for r in parked}
+        need = self.spec.hedge - len(outstanding)
+        ranked = rank_backends(
+            self.spec.zones,
+            self.spec.tiers,
+            self.backends,
+            accelerator,
+            self.memory,
+            self.now,
+            price=self.price,
+            policy=self.policy.memory,
+        )
+        # Sweep every pair before asking again where the search already came up empty (stable sort:
+        # within a sweep the back-end ranking's order stands).
+        ranked.sort(key=lambda item: item.candidate.remembered_failures)
+        for candidate in ranked:
+            if need <= 0 or self.tokens <= 0 or created >= self.policy.max_creates_per_plan:
+                break
+            if self.status.next_attempt >= self.policy.max_attempts:
+                break
+            if candidate.zone in busy_zones or (candidate.zone, candidate.tier) in parked_pairs:
+                continue
+            self.create(candidate.zone, candidate.tier, candidate.backend)
+            busy_zones.add(candidate.zone)
+            need -= 1
+            created += 1
+        return created
 
     def checked_out(self, ref: ResourceRef) -> bool:
         """Still queued past its capacity check (and not yet past its own valid-until)."""
@@ -759,20 +564,6 @@ class _Planning:
         detail = f"no capacity after a {minutes:.0f}-minute capacity check; the request stays queued"
         self.learn_empty(ref, detail)
         self.log(ref, "parked", detail)
-
-    def learn_empty(self, ref: ResourceRef, detail: str) -> None:
-        """A request that waited without chips teaches the pair a stockout (cooldown and ranking)."""
-        self.remember(
-            learn(
-                CloudFailure(ErrorClass.STOCKOUT, detail),
-                zone=ref.zone,
-                tier=ref.tier,
-                accelerator=self.spec.accelerator,
-                memory=self.memory,
-                now=self.now,
-                policy=self.policy.memory,
-            )
-        )
 
     def give_up_if_overdue(self, ref: ResourceRef) -> bool:
         """Past its capacity check or its own valid-until, or PROVISIONING too long: force-delete, cool the pair."""
@@ -845,76 +636,6 @@ class _Planning:
                 else ["waiting for the create rate limit"]
             )
         )
-
-    def capacity_window_s(self, zone: str, tier: Tier) -> float | None:
-        """Seconds this request may wait for chips before the search moves on; None: its full valid-until."""
-        check = self.policy.capacity_check_minutes
-        if check is None:
-            return None
-        failures = remembered_failures(self.memory, zone, tier, self.spec.accelerator)
-        window = check * 60 * 2 ** min(failures, 16)
-        return window if window < self.spec.valid_until_minutes * 60 else None
-
-    def create(self, zone: str, tier: Tier, backend: Backend | None = None) -> None:
-        attempt = self.status.next_attempt
-        self.status.next_attempt += 1
-        name = resource_name(self.record.deployment_id, self.generation, attempt)
-        window = self.capacity_window_s(zone, tier)
-        ref = ResourceRef(
-            name=name,
-            zone=zone,
-            tier=tier,
-            backend=backend or self.backend,
-            generation=self.generation,
-            attempt=attempt,
-            state=QueuedResourceState.UNKNOWN,
-            created_at=self.now,
-            state_since=self.now,
-            wait_until=self.now + timedelta(seconds=window) if window is not None else None,
-        )
-        self.refs[name] = ref
-        self.tokens -= 1
-        self.log(ref, "requested", name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}")
-        self.calls.append(CreateQueuedResource(self.build_request(ref)))
-
-    def reissue_create(self, ref: ResourceRef) -> None:
-        """A create recorded but not confirmed (a crash, a timeout): send the very same request again."""
-        if not self.reissue or self.tokens <= 0 or rate_limited_until(self.memory, self.now) is not None:
-            return
-        entry = blocking_entry_for(self.memory, ref.zone, ref.tier, self.spec.accelerator, ref.backend, self.now)
-        if entry is not None:
-            return
-        self.tokens -= 1
-        self.calls.append(CreateQueuedResource(self.build_request(ref), reissue=True))
-
-    def build_request(self, ref: ResourceRef) -> ProvisionRequest:
-        spec = self.spec
-        deployment = self.record.deployment_id
-        return ProvisionRequest(
-            resource_id=ref.name,
-            node_id=ref.name,
-            zone=ref.zone,
-            accelerator=spec.accelerator,
-            runtime_version=self.policy.runtime_version,
-            tier=ref.tier,
-            request_id=request_id(deployment, ref.generation, ref.attempt, "create"),
-            labels={
-                LABEL_DEPLOYMENT: deployment,
-                LABEL_GENERATION: str(ref.generation),
-                LABEL_ATTEMPT: str(ref.attempt),
-                LABEL_MANAGED_BY: MANAGED_BY,
-            },
-            valid_until_s=spec.valid_until_minutes * 60,
-            max_run_s=int(spec.max_run_hours * 3600) if ref.tier is Tier.FLEX_START else None,
-            reservation_name=spec.reservation_name if ref.tier is Tier.RESERVATION else None,
-            startup_script=self.startup_script,
-            backend=ref.backend,
-        )
-
-    # -- shared -------------------------------------------------------------------------------------------
-
-    def set_phase(self, phase: Phase) -> None:
-        self.status.phase = phase
 
     def account_spend(self) -> None:
         """Charge ACTIVE time since the last plan (a slice bills while its nodes are up)."""

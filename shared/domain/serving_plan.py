@@ -17,7 +17,7 @@ from shared.domain.cost import CostEstimate, UnknownPrice, estimate_cost
 from shared.domain.errors import InvalidMessage
 from shared.domain.gke import GkeOptions, render_gke_manifest
 from shared.domain.launch import API_KEY_FILE, DEFAULT_IMAGE, EngineConfig, VllmLaunch, build_launch
-from shared.domain.models import DeploymentSpec, Tier
+from shared.domain.models import DeploymentSpec, ServingOptions, Tier
 from shared.domain.startup_script import (
     StartupScriptInputs,
     node_agent_bundle_problem,
@@ -238,37 +238,8 @@ def build_serving_plan(
     )
     smallest = None
     if not capacity.fits:
-        found = smallest_fitting_slice(
-            model,
-            families=(slice_.family,),
-            weight_dtype=options.dtype,
-            kv_cache_dtype=options.kv_cache_dtype,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=batched,
-        )
-        smallest = found.name if found else None
-    engine = EngineConfig(
-        model=model.hub_id,
-        served_name=model.served_name,
-        tensor_parallel=capacity.tensor_parallel,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=batched,
-        gpu_memory_utilization=options.gpu_memory_utilization,
-        kv_cache_dtype=options.kv_cache_dtype,
-        weight_dtype=options.dtype,
-        block_size=capacity.block_size,
-        revision=model.revision,
-        tool_parser=model.tool_parser,
-        reasoning_parser=model.reasoning_parser,
-        multimodal=model.multimodal,
-        fp8_env=model.fp8_env,
-        image=environment.image,
-        host=environment.bind_host,
-        port=environment.port,
-    )
+        smallest = _smallest_fitting(model, slice_, options, max_model_len, max_num_seqs, batched)
+    engine = _engine_config(model, capacity, options, environment, max_model_len, max_num_seqs, batched)
     costs, unpriced = _costs(spec, slice_)
     notes = list(capacity.notes)
     if model.revision is None:
@@ -287,4 +258,58 @@ def build_serving_plan(
         hf_token_resource=secret_resource(environment.project, environment.hf_token_secret, environment.secret_version),
         api_key_resource=secret_resource(environment.project, environment.api_key_secret, environment.secret_version),
         notes=tuple(notes),
+    )
+
+
+def _smallest_fitting(
+    model: ModelPreset,
+    slice_: AcceleratorSpec,
+    options: ServingOptions,
+    max_model_len: int,
+    max_num_seqs: int,
+    batched: int,
+) -> str | None:
+    """The smallest slice of the same family that would serve these options (the hint when this one does not)."""
+    found = smallest_fitting_slice(
+        model,
+        families=(slice_.family,),
+        weight_dtype=options.dtype,
+        kv_cache_dtype=options.kv_cache_dtype,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+    )
+    return found.name if found else None
+
+
+def _engine_config(
+    model: ModelPreset,
+    capacity: CapacityReport,
+    options: ServingOptions,
+    environment: ServingEnvironment,
+    max_model_len: int,
+    max_num_seqs: int,
+    batched: int,
+) -> EngineConfig:
+    """The vLLM settings: the preset's parsers and pins, the spec's options, the layout the estimate chose."""
+    return EngineConfig(
+        model=model.hub_id,
+        served_name=model.served_name,
+        tensor_parallel=capacity.tensor_parallel,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        kv_cache_dtype=options.kv_cache_dtype,
+        weight_dtype=options.dtype,
+        block_size=capacity.block_size,
+        revision=model.revision,
+        tool_parser=model.tool_parser,
+        reasoning_parser=model.reasoning_parser,
+        multimodal=model.multimodal,
+        fp8_env=model.fp8_env,
+        image=environment.image,
+        host=environment.bind_host,
+        port=environment.port,
     )
