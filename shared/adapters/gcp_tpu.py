@@ -2,9 +2,10 @@
 
 Provider states are normalised into the domain enums by one table each (G6), and every provider error,
 whether it arrives as a synchronous HTTP answer or as a long-running operation's ``error``, goes
-through one function, :func:`classify_tpu_error`, into a :class:`CloudError` (G4; tpu-api.md §5.4),
-with what it is about (``scope``: a zone, an accelerator, a tier, the project; the quota's ``location``)
-read here too (:mod:`shared.adapters.tpu_errors`), so the planner never reads message text.
+through one function, :func:`classify_tpu_error` (:mod:`shared.adapters.tpu_error_mapping`), into a
+:class:`CloudError` (G4; tpu-api.md §5.4), with what it is about (``scope``: a zone, an accelerator, a tier, the
+project; the quota's ``location``) read there too (:mod:`shared.adapters.tpu_errors`), so the planner never reads
+message text.
 
 Error classes and their signals::
 
@@ -25,18 +26,14 @@ calls made with httpx and google-auth credentials.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import google.api_core.exceptions as gexc
 import google.auth
 import google.auth.exceptions
 import google.cloud.tpu_v2alpha1.types  # registers v2alpha1 @types so their operations parse
 import httpx
-import requests
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import Request as AuthRequest
@@ -44,16 +41,21 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import duration_pb2, json_format
 
+from shared.adapters.tpu_error_mapping import (
+    classify_tpu_error,
+    cloud_error_from_exception,
+    cloud_error_from_status,
+    op_verb,
+    translated,
+)
 from shared.adapters.tpu_errors import (
-    error_scope,
     failed_operation,
     in_request_zone,
-    quota_message_location,
     zone_of_operation,
 )
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import LABEL_MANAGED_BY, NodePlacement, ObservedResource, OperationStatus, ProvisionRequest
-from shared.domain.errors import RPC_CODE_NAMES, CloudError, ErrorClass
+from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import NodeState, QueuedResourceState, Tier
 
 __all__ = [
@@ -121,284 +123,6 @@ _BARE_NODE_AS_QR: Mapping[NodeState, QueuedResourceState] = {
     NodeState.UNKNOWN: QueuedResourceState.UNKNOWN,
 }
 
-# ---------------------------------------------------------------------------------------------- errors
-
-
-_HTTP_TO_STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    412: "FAILED_PRECONDITION",
-    416: "OUT_OF_RANGE",
-    429: "RESOURCE_EXHAUSTED",
-    499: "CANCELLED",
-    500: "INTERNAL",
-    501: "UNIMPLEMENTED",
-    502: "UNAVAILABLE",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-
-_STATUS_CLASS = {
-    "CANCELLED": ErrorClass.TRANSIENT,
-    "UNKNOWN": ErrorClass.UNKNOWN,
-    "INVALID_ARGUMENT": ErrorClass.INVALID,
-    "DEADLINE_EXCEEDED": ErrorClass.TRANSIENT,
-    "NOT_FOUND": ErrorClass.NOT_FOUND,
-    "ALREADY_EXISTS": ErrorClass.ALREADY_EXISTS,
-    "PERMISSION_DENIED": ErrorClass.PERMISSION,
-    "UNAUTHENTICATED": ErrorClass.PERMISSION,
-    "FAILED_PRECONDITION": ErrorClass.FAILED_PRECONDITION,
-    "ABORTED": ErrorClass.TRANSIENT,
-    "OUT_OF_RANGE": ErrorClass.INVALID,
-    "UNIMPLEMENTED": ErrorClass.INVALID,
-    "INTERNAL": ErrorClass.TRANSIENT,
-    "UNAVAILABLE": ErrorClass.TRANSIENT,
-    "DATA_LOSS": ErrorClass.UNKNOWN,
-}
-
-_UNSUPPORTED = re.compile(
-    r"could not be found in the zonal accelerator configurations|the accelerator \S+ was not found in zone"
-    r"|The requested zone \"[^\"]+\" is not supported|provisioning model is not supported for accelerator type",
-    re.IGNORECASE,
-)
-_PERMISSION = re.compile(
-    r"Permission denied on|not found or access is unauthorized|Permission '[^']+' denied|LOCATION_POLICY_VIOLATED",
-    re.IGNORECASE,
-)
-_RATE = re.compile(r"requests per minute|RATE_LIMIT_EXCEEDED|qps/create", re.IGNORECASE)
-_QUOTA_LIMIT = re.compile(r"Quota limit '([^']+)' has been exceeded\.\s*Limit:\s*([^ ]+) in (.+?)\.?\s*$", re.DOTALL)
-_QUOTA_FAILURE = re.compile(r"Quota '([^']+)' exhausted\.\s*Limit\s+(\S+)\s+in\s+(region|zone)\s+([a-z0-9-]+)")
-_STOCKOUT = re.compile(
-    r"no more capacity|Insufficient reserved capacity|not supported while in state PREEMPTED|an internal error",
-    re.IGNORECASE,
-)
-_LOCATION = re.compile(
-    r"(?:locations/|zone \"|zone |location \"|Location |region \"|region )([a-z]+-[a-z]+[0-9]+(?:-[a-z0-9]+)?)"
-)
-
-
-def _quota_scope(message: str, details: Sequence[Mapping[str, Any]]) -> tuple[ErrorClass, str | None, str | None]:
-    """(QUOTA_ZONE or QUOTA_REGION, quota id, location) from a quota message or its QuotaFailure details.
-
-    A joined message (``'A,B' … in region R,zone Z``) names both; the region scope wins because
-    blocking the region also covers the zone.
-    """
-    found: list[tuple[str, str, str]] = []  # (quota id, scope, location)
-    match = _QUOTA_LIMIT.search(message)
-    if match:
-        ids = [item.strip() for item in match.group(1).split(",")]
-        places = [item.strip() for item in match.group(3).split(",")]
-        parsed = [(scope.lower(), location.strip()) for scope, _, location in (p.partition(" ") for p in places)]
-        for index, qid in enumerate(ids):
-            # gcloud joins ids and places in no promised order: pair by the scope the id names, else by position.
-            named = "region" if "PerRegion" in qid else "zone" if "PerZone" in qid else None
-            match_place = next((place for place in parsed if place[0] == named), None)
-            if match_place is None:
-                match_place = parsed[index] if index < len(parsed) else parsed[-1]
-            found.append((qid, match_place[0], match_place[1]))
-    for detail in details:
-        if str(detail.get("@type", "")).endswith("google.rpc.QuotaFailure"):
-            for violation in detail.get("violations", ()):
-                text = f"{violation.get('description', '')} {violation.get('subject', '')}"
-                for item in _QUOTA_FAILURE.finditer(text):
-                    found.append((item.group(1), item.group(3).lower(), item.group(4)))
-    for item in _QUOTA_FAILURE.finditer(message):
-        found.append((item.group(1), item.group(3).lower(), item.group(4)))
-    if not found:
-        for qid in re.findall(r"\b(TPU\w+Per(?:Zone|Region)\w*)", message):
-            found.append((qid, "region" if "PerRegion" in qid else "zone", ""))
-    region = next((item for item in found if item[1] == "region" or "PerRegion" in item[0]), None)
-    if region is not None:
-        return ErrorClass.QUOTA_REGION, region[0], region[2] or None
-    if found:
-        return ErrorClass.QUOTA_ZONE, found[0][0], found[0][2] or None
-    if re.search(r"\bin region\b", message):
-        return ErrorClass.QUOTA_REGION, None, None
-    return ErrorClass.QUOTA_ZONE, None, None
-
-
-def _error_info(details: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    for detail in details:
-        if str(detail.get("@type", "")).endswith("google.rpc.ErrorInfo"):
-            return detail
-    return {}
-
-
-def _is_capacity_loss(status: str, message: str, verb: str | None) -> bool:
-    """Operation errors that mean "no chips for you here": opaque INTERNAL on a create, reserved-capacity
-    shortfall (9), and a preemption that killed a pending operation (3)."""
-    if status == "INTERNAL":
-        return verb in (None, "create")
-    return status in ("FAILED_PRECONDITION", "INVALID_ARGUMENT") and bool(_STOCKOUT.search(message))
-
-
-def classify_tpu_error(
-    status: str,
-    message: str,
-    details: Sequence[Mapping[str, Any]] = (),
-    *,
-    surfaced: str,
-    code: int | None = None,
-    verb: str | None = None,
-    zone: str | None = None,
-) -> CloudError:
-    """THE mapping from a provider error to a :class:`CloudError` (sync answers and operation errors alike).
-
-    ``status`` is the canonical name (``RESOURCE_EXHAUSTED``…); ``surfaced`` is ``sync`` or ``operation``
-    (quota arrives synchronously, capacity on the operation, so the same status means different things);
-    ``verb`` is the operation's verb when known (an INTERNAL error on a create is an opaque stockout);
-    ``zone`` the zone of the request when known (a permission error naming it is about that zone). The
-    error's ``scope`` and quota ``location`` are read here (:mod:`shared.adapters.tpu_errors`), once.
-    """
-    info = _error_info(details)
-    reason = str(info.get("reason", ""))
-    metadata = info.get("metadata") or {}
-    text = f"{message} {reason}"
-    quota_id: str | None = None
-    location = metadata.get("location") if isinstance(metadata, Mapping) else None
-    error_class: ErrorClass
-    if status in ("PERMISSION_DENIED", "UNAUTHENTICATED") or reason == "LOCATION_POLICY_VIOLATED":
-        error_class = ErrorClass.PERMISSION
-    elif status == "RESOURCE_EXHAUSTED":
-        if _RATE.search(text):
-            error_class = ErrorClass.RATE_LIMIT
-        elif "quota" in text.lower() or reason == "QUOTA_EXCEEDED":
-            error_class, quota_id, quota_location = _quota_scope(message, details)
-            location = quota_location or location
-        elif surfaced == "operation":
-            error_class = ErrorClass.STOCKOUT
-        else:
-            error_class = ErrorClass.RATE_LIMIT
-    elif _UNSUPPORTED.search(message):
-        error_class = ErrorClass.UNSUPPORTED
-    elif surfaced == "operation" and _is_capacity_loss(status, message, verb):
-        error_class = ErrorClass.STOCKOUT
-    elif _PERMISSION.search(text) and status in ("NOT_FOUND", "INVALID_ARGUMENT", "FAILED_PRECONDITION"):
-        error_class = ErrorClass.PERMISSION
-    else:
-        error_class = _STATUS_CLASS.get(status, ErrorClass.UNKNOWN)
-    if location is None:
-        match = _LOCATION.search(message)
-        location = match.group(1) if match else None
-    scope = error_scope(error_class, message, zone=zone)
-    location = location or quota_message_location(scope, message)
-    return CloudError(
-        error_class, message, code=code, quota_id=quota_id, location=location, surfaced=surfaced, scope=scope
-    )
-
-
-def cloud_error_from_status(
-    status: Mapping[str, Any], *, verb: str | None = None, zone: str | None = None
-) -> CloudError:
-    """A ``google.rpc.Status`` (an operation's ``error`` or a queued resource's ``failedData.error``)."""
-    code = int(status.get("code", 2) or 2)
-    details = [item for item in status.get("details", ()) if isinstance(item, Mapping)]
-    return classify_tpu_error(
-        RPC_CODE_NAMES.get(code, "UNKNOWN"),
-        str(status.get("message", "")),
-        details,
-        surfaced="operation",
-        code=code,
-        verb=verb,
-        zone=zone,
-    )
-
-
-def _status_of_http_class(http_code: int) -> str:
-    """Statuses without a canonical name: 5xx may pass, other 4xx are the request's fault, 3xx are unexpected."""
-    if http_code >= 500:
-        return "UNAVAILABLE"
-    if http_code >= 400:
-        return "INVALID_ARGUMENT"
-    return "UNKNOWN"
-
-
-def _envelope_of(response: Any) -> Mapping[str, Any]:
-    try:
-        payload = response.json()
-    except (ValueError, AttributeError, TypeError):
-        return {}
-    if isinstance(payload, list):
-        payload = next((item for item in payload if isinstance(item, dict)), {})
-    error = payload.get("error") if isinstance(payload, dict) else None
-    return error if isinstance(error, dict) else {}
-
-
-def cloud_error_from_exception(exc: BaseException) -> CloudError:
-    """Any exception the REST, operation or transport paths raise -> a classified CloudError."""
-    if isinstance(exc, CloudError):
-        return exc
-    if isinstance(exc, gexc.RetryError):
-        return CloudError(ErrorClass.TRANSIENT, f"retries exhausted: {exc}", surfaced="sync")
-    if isinstance(exc, gexc.GoogleAPICallError):
-        if isinstance(exc.response, operations_pb2.Operation):  # raised by operation.result(): an LRO error
-            operation = exc.response
-            return cloud_error_from_status(
-                json_format.MessageToDict(operation.error),
-                verb=_op_verb(operation),
-                zone=zone_of_operation(operation.name),
-            )
-        envelope = _envelope_of(exc.response) if exc.response is not None else {}
-        http_code = exc.code if isinstance(exc.code, int) else None
-        grpc_code = getattr(exc, "grpc_status_code", None)
-        status = str(envelope.get("status") or "")
-        if not status and grpc_code is not None:
-            status = str(getattr(grpc_code, "name", grpc_code))
-        if not status and http_code is not None:
-            status = _HTTP_TO_STATUS.get(http_code) or _status_of_http_class(http_code)
-        if not status and isinstance(exc, gexc.ServerError):
-            status = "UNAVAILABLE"
-        details = [item for item in (envelope.get("details") or exc.details or ()) if isinstance(item, Mapping)]
-        message = str(envelope.get("message") or exc.message)
-        return classify_tpu_error(status or "UNKNOWN", message, details, surfaced="sync", code=http_code)
-    if isinstance(exc, httpx.HTTPStatusError):
-        envelope = _envelope_of(exc.response)
-        http_code = exc.response.status_code
-        status = str(envelope.get("status") or _HTTP_TO_STATUS.get(http_code) or _status_of_http_class(http_code))
-        details = [item for item in envelope.get("details", ()) if isinstance(item, Mapping)]
-        message = str(envelope.get("message") or exc.response.text[:500])
-        return classify_tpu_error(status, message, details, surfaced="sync", code=http_code)
-    if isinstance(exc, httpx.TransportError | requests.exceptions.ConnectionError | requests.exceptions.Timeout):
-        return CloudError(ErrorClass.TRANSIENT, f"{type(exc).__name__}: {exc}", surfaced="sync")
-    if isinstance(exc, google.auth.exceptions.DefaultCredentialsError):
-        return CloudError(
-            ErrorClass.PERMISSION,
-            f"no Google credentials: {exc} (run `gcloud auth application-default login`, or set an endpoint "
-            "for the local simulator)",
-            surfaced="sync",
-        )
-    if isinstance(exc, google.auth.exceptions.RefreshError):
-        return CloudError(ErrorClass.PERMISSION, f"credentials refresh failed: {exc}", surfaced="sync")
-    if isinstance(exc, google.auth.exceptions.TransportError | requests.exceptions.RequestException):
-        return CloudError(ErrorClass.TRANSIENT, f"{type(exc).__name__}: {exc}", surfaced="sync")
-    if isinstance(exc, json_format.ParseError):
-        return CloudError(ErrorClass.UNKNOWN, f"unparseable TPU API answer: {exc}", surfaced="sync")
-    return CloudError(ErrorClass.UNKNOWN, f"{type(exc).__name__}: {exc}", surfaced="sync")
-
-
-_TRANSLATED = (
-    gexc.GoogleAPIError,
-    httpx.HTTPError,
-    requests.exceptions.RequestException,
-    google.auth.exceptions.GoogleAuthError,
-    json_format.ParseError,
-)
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Re-raise every vendor exception as the CloudError it means (``from`` the original)."""
-    try:
-        yield
-    except CloudError:
-        raise
-    except _TRANSLATED as exc:
-        raise cloud_error_from_exception(exc) from exc
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 
 
@@ -457,20 +181,11 @@ def _tier_of_node(node: Any) -> Tier:
     return Tier.ON_DEMAND
 
 
-def _op_verb(op: operations_pb2.Operation) -> str | None:
-    if not op.metadata.type_url.endswith("OperationMetadata"):
-        return None
-    try:
-        return str(tpu_v2.OperationMetadata.deserialize(op.metadata.value).verb) or None
-    except Exception:
-        return None
-
-
 def _op_status(op: operations_pb2.Operation) -> OperationStatus:
     if op.done and op.HasField("error"):
         status = json_format.MessageToDict(op.error)
         return failed_operation(
-            op.name, cloud_error_from_status(status, verb=_op_verb(op), zone=zone_of_operation(op.name))
+            op.name, cloud_error_from_status(status, verb=op_verb(op), zone=zone_of_operation(op.name))
         )
     return OperationStatus(name=op.name, done=bool(op.done))
 
@@ -533,7 +248,7 @@ class GcpTpuApi:
         """The google-cloud-tpu v2 client, built on first use."""
         if self._client is None:
             options = ClientOptions(api_endpoint=self._endpoint) if self._endpoint else None
-            with _translated():
+            with translated():
                 self._client = tpu_v2.TpuClient(
                     transport=self._transport, credentials=self._credentials, client_options=options
                 )
@@ -563,7 +278,7 @@ class GcpTpuApi:
         return {"Authorization": f"Bearer {credentials.token}"}
 
     def _rest(self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None) -> Any:
-        with _translated():
+        with translated():
             response = self._http_client().request(
                 method, f"/{path}", params=params, json=body, headers=self._auth_headers()
             )
@@ -638,7 +353,7 @@ class GcpTpuApi:
             queued_resource=queued,
             request_id=request.request_id,
         )
-        with in_request_zone(request.zone), _translated():
+        with in_request_zone(request.zone), translated():
             operation = self.client.create_queued_resource(request=create, timeout=self._timeout_s)
         return _op_status(operation.operation)
 
@@ -691,7 +406,7 @@ class GcpTpuApi:
         """The operation as it stands. The v2 client parses operations strictly, so a v2alpha1 answer carrying
         fields its types lack (a flex-start create's ``provisioningModel``) is read as plain JSON instead."""
         try:
-            with _translated():
+            with translated():
                 operation = self.client.get_operation(request={"name": name}, timeout=self._timeout_s)
         except CloudError as exc:
             if not isinstance(exc.__cause__, json_format.ParseError):
@@ -701,7 +416,7 @@ class GcpTpuApi:
 
     def get(self, zone: str, resource_id: str) -> ObservedResource | None:
         try:
-            with _translated():
+            with translated():
                 queued = self.client.get_queued_resource(name=self._qr_name(zone, resource_id), timeout=self._timeout_s)
         except CloudError as exc:
             if exc.error_class is not ErrorClass.NOT_FOUND:
@@ -716,7 +431,7 @@ class GcpTpuApi:
     def _get_node(self, zone: str, node_id: str) -> Any:
         """The raw Node protobuf, or None."""
         try:
-            with _translated():
+            with translated():
                 return tpu_v2.Node.pb(
                     self.client.get_node(name=self._node_name(zone, node_id), timeout=self._timeout_s)
                 )
@@ -727,7 +442,7 @@ class GcpTpuApi:
 
     def list(self, zone: str = "-") -> list[ObservedResource]:
         parent = self._parent(zone)
-        with _translated():
+        with translated():
             queued = [
                 tpu_v2.QueuedResource.pb(item)
                 for item in self.client.list_queued_resources(parent=parent, timeout=self._timeout_s)
@@ -753,14 +468,14 @@ class GcpTpuApi:
             name=self._qr_name(zone, resource_id), force=force, request_id=request_id or ""
         )
         try:
-            with _translated():
+            with translated():
                 operation = self.client.delete_queued_resource(request=delete, timeout=self._timeout_s)
             return _op_status(operation.operation)
         except CloudError as exc:
             if exc.error_class is not ErrorClass.NOT_FOUND:
                 raise
         try:
-            with _translated():
+            with translated():
                 operation = self.client.delete_node(name=self._node_name(zone, resource_id), timeout=self._timeout_s)
             return _op_status(operation.operation)
         except CloudError as exc:
@@ -769,14 +484,14 @@ class GcpTpuApi:
             raise
 
     def stop_node(self, zone: str, node_id: str) -> OperationStatus:
-        with _translated():
+        with translated():
             operation = self.client.stop_node(
                 request=tpu_v2.StopNodeRequest(name=self._node_name(zone, node_id)), timeout=self._timeout_s
             )
         return _op_status(operation.operation)
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus:
-        with _translated():
+        with translated():
             operation = self.client.start_node(
                 request=tpu_v2.StartNodeRequest(name=self._node_name(zone, node_id)), timeout=self._timeout_s
             )
@@ -785,7 +500,7 @@ class GcpTpuApi:
     def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
         """``nodes.getGuestAttributes`` for every worker; answers come in worker order (the proto has no id)."""
         request = tpu_v2.GetGuestAttributesRequest(name=self._node_name(zone, node_id), query_path=query_path)
-        with _translated():
+        with translated():
             answer = self.client.get_guest_attributes(request=request, timeout=self._timeout_s)
         return [
             GuestAttribute(entry.namespace, entry.key, entry.value, worker)
