@@ -8,6 +8,8 @@ Scheduler and the Cloud TPU API.
 
 from __future__ import annotations
 
+import os
+import socket
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,7 +196,9 @@ class Runtime:
         from shared.services.provisioner import Provisioner, ProvisionerSettings, reconcile_tick_job
 
         settings = ProvisionerSettings(
-            lease_ttl_s=self.settings.lease_ttl_s, tick_job=reconcile_tick_job(self.topic("ticks"))
+            lease_ttl_s=self.settings.lease_ttl_s,
+            tick_job=reconcile_tick_job(self.topic("ticks")),
+            holder=f"provisioner-{socket.gethostname()}-{os.getpid()}",  # who holds a lease, in logs and records
         )
         return Provisioner(
             self.store,

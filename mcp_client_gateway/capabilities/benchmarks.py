@@ -1,12 +1,11 @@
 """Benchmarks: run one on a serving deployment, read a run with its change from the previous one, compare runs.
 
-The headline figures of a sweep are the benchmarker's own (``shared.services.benchmarker.headline``), so the
-gateway and the stored comparison agree; other result shapes are read by ``shared.domain.benchmark_headline``.
+The headline figures of a sweep are read as the benchmarker reads them (``sweep_headline``), so the gateway and
+the stored comparison agree; other result shapes are read by ``shared.domain.benchmark_headline`` too.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from mcp_client_gateway import bounds
@@ -15,31 +14,28 @@ from mcp_client_gateway.capabilities.common import SERVING_PHASES, CommandPublis
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import BenchmarkComparison, BenchmarkRow, BenchmarkView, CommandAccepted
-from shared.domain.benchmark_headline import best_run_per_metric, headline_change_pct, headline_from_result
+from shared.domain.benchmark_headline import (
+    best_run_per_metric,
+    headline_change_pct,
+    headline_from_result,
+    sweep_headline,
+)
 from shared.domain.models import MODEL_PRESET_NAMES, BenchmarkRun
 
 __all__ = ["Benchmarks", "headline_metrics"]
-
-_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
     """Headline numbers from a benchmark result, wherever the result keeps them.
 
-    A sweep (``points`` with a ``level`` each, as the benchmarker stores it) is read by the benchmarker's own
-    ``headline`` (peak throughput, the level it was reached at, latencies at the knee), so the gateway and the
-    stored comparison agree. Other shapes: ``shared.domain.benchmark_headline.headline_from_result``.
+    A sweep (``points`` with a ``level`` each, as the benchmarker stores it) is read as the benchmarker reads it
+    (``sweep_headline``: peak throughput, the level it was reached at, latencies at the knee), so the gateway and
+    the stored comparison agree. Other shapes: ``shared.domain.benchmark_headline.headline_from_result``.
     """
     if result and isinstance(result.get("points"), list):
-        from shared.services.benchmarker import headline
-
-        # headline() reads only the result; the run around it is a carrier
-        probe = BenchmarkRun(
-            run_id="headline", deployment_id="headline", result=result, created_at=_UTC_EPOCH, updated_at=_UTC_EPOCH
-        )
         numbers = {
             key: float(value)
-            for key, value in headline(probe).items()
+            for key, value in sweep_headline(result).items()
             if isinstance(value, int | float) and not isinstance(value, bool)
         }
         if numbers:

@@ -23,6 +23,7 @@ from shared.domain.catalog import ACCELERATORS
 from shared.domain.cloud import accelerator_family
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DeploymentRecord, NodeTask, Phase
+from shared.domain.node_task_rules import as_read
 from shared.domain.prices import price_per_chip_hour
 from shared.logging import register_secret
 from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
@@ -37,7 +38,6 @@ from shared.ports import (
     StateStore,
     TpuApi,
 )
-from shared.services.node_tasks import as_read
 
 __all__ = [
     "SERVING_PHASES",

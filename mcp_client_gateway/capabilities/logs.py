@@ -24,8 +24,8 @@ from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import LogAnalysis, LogLine, LogsView, MetricsView, ServingLogsView
 from shared.domain.errors import CloudError
 from shared.domain.models import NodeTask
+from shared.domain.node_task_rules import no_node_reason
 from shared.ports import LogEntry, LogQuery, LogSeverity, LogSource
-from shared.services.node_tasks import no_node_reason
 
 __all__ = ["MAX_LOG_CHARS", "TAIL_WAIT_S", "MetricsAndLogs"]
 

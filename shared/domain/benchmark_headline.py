@@ -1,7 +1,7 @@
 """Headline figures of a stored benchmark result, their better direction, and how runs compare (pure).
 
-A sweep as the benchmarker stores it (``points`` with a ``level`` each) is read by the benchmarker's own
-``headline`` (``shared.services.benchmarker``); :func:`headline_from_result` reads every other shape a result
+A sweep as the benchmarker stores it (``points`` with a ``level`` each) is read by :func:`sweep_headline`, which the
+benchmarker and the gateway share; :func:`headline_from_result` reads every other shape a result
 may have: the top level, a ``summary`` object, or another list of points (``levels``, ``results``, ``sweep``,
 each flat or with its own ``summary``), where the peak output throughput, its level and the other figures at
 that level are taken.
@@ -9,10 +9,17 @@ that level are taken.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-__all__ = ["HEADLINE_DIRECTIONS", "best_run_per_metric", "headline_change_pct", "headline_from_result"]
+__all__ = [
+    "HEADLINE_DIRECTIONS",
+    "best_run_per_metric",
+    "headline_change_pct",
+    "headline_from_result",
+    "sweep_headline",
+]
 
 # Each headline figure and which way is better.
 HEADLINE_DIRECTIONS: dict[str, Literal["high", "low"]] = {
@@ -110,3 +117,34 @@ def best_run_per_metric(runs: Iterable[tuple[str, Mapping[str, float]]]) -> dict
             pick = max(scored) if better == "high" else min(scored)
             best[name] = pick[1]
     return best
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (``bool`` is not), else None."""
+    number = _number(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def sweep_headline(result: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A stored sweep's headline: peak output throughput, where it was reached, the knee, and latencies at the
+    knee (or at the peak when no knee was found). Empty when no point has an output throughput."""
+    raw = (result or {}).get("points")
+    points = [point for point in raw if isinstance(point, dict)] if isinstance(raw, list) else []
+    scored = [(value, point) for point in points if (value := _finite(point.get("output_throughput"))) is not None]
+    if not scored:
+        return {}
+    peak_value, peak = max(scored, key=lambda item: item[0])
+    knee = (result or {}).get("knee") or {}
+    knee_level = knee.get("level") if isinstance(knee, dict) else None
+    at = next((p for p in points if _finite(p.get("level")) == _finite(knee_level)), peak)
+    return {
+        "peak_output_throughput": round(peak_value, 2),
+        "peak_request_throughput": _finite(peak.get("request_throughput")),
+        "peak_at_level": peak.get("level"),
+        "knee_level": knee_level,
+        "saturated": bool(knee.get("saturated")) if isinstance(knee, dict) else False,
+        "median_ttft_ms_at_knee": _finite(at.get("median_ttft_ms")),
+        "p99_ttft_ms_at_knee": _finite(at.get("p99_ttft_ms")),
+        "median_itl_ms_at_knee": _finite(at.get("median_itl_ms")),
+        "p99_itl_ms_at_knee": _finite(at.get("p99_itl_ms")),
+    }

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from shared.domain.benchmark_headline import sweep_headline
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
@@ -431,25 +432,7 @@ def _workload(run: BenchmarkRun) -> dict[str, Any]:
 
 def headline(run: BenchmarkRun) -> dict[str, Any]:
     """Peak output throughput, where it was reached, the knee, and latencies at the knee (or the peak)."""
-    points = _points(run)
-    scored = [(value, point) for point in points if (value := _number(point.get("output_throughput"))) is not None]
-    if not scored:
-        return {}
-    peak_value, peak = max(scored, key=lambda item: item[0])
-    knee = (run.result or {}).get("knee") or {}
-    knee_level = knee.get("level") if isinstance(knee, dict) else None
-    at = next((p for p in points if _number(p.get("level")) == _number(knee_level)), peak)
-    return {
-        "peak_output_throughput": round(peak_value, 2),
-        "peak_request_throughput": _number(peak.get("request_throughput")),
-        "peak_at_level": peak.get("level"),
-        "knee_level": knee_level,
-        "saturated": bool(knee.get("saturated")) if isinstance(knee, dict) else False,
-        "median_ttft_ms_at_knee": _number(at.get("median_ttft_ms")),
-        "p99_ttft_ms_at_knee": _number(at.get("p99_ttft_ms")),
-        "median_itl_ms_at_knee": _number(at.get("median_itl_ms")),
-        "p99_itl_ms_at_knee": _number(at.get("p99_itl_ms")),
-    }
+    return sweep_headline(run.result)
 
 
 def _change(now: float | None, before: float | None) -> float | None:

@@ -27,7 +27,8 @@ from datetime import datetime
 from typing import Literal
 
 from shared.domain.errors import PermanentError
-from shared.domain.models import DeploymentRecord, Desired, NodeTask, Phase
+from shared.domain.models import NodeTask
+from shared.domain.node_task_rules import NODE_PHASES, as_read, no_node_reason
 from shared.domain.untrusted import clean_text
 from shared.logging import scrub_untrusted
 from shared.messages import (
@@ -51,8 +52,6 @@ __all__ = [
 
 log = logging.getLogger("tpuctl.node_tasks")
 
-NODE_PHASES = frozenset({Phase.BOOTING, Phase.COMPILING, Phase.SERVING, Phase.DEGRADED, Phase.STALLED, Phase.DOWN})
-"""Phases in which the deployment's TPU VM runs, so its node agent can act on the container."""
 
 _ACTIONS: dict[str, Literal["restart", "logs"]] = {"serving.restart": "restart", "serving.logs": "logs"}
 _MAX_LINE_CHARS = 2000
@@ -86,39 +85,6 @@ def scrub_line(text: str, limit: int = _MAX_LINE_CHARS) -> str:
 
 def _redact(text: str) -> str:
     return scrub_untrusted(text, len(text) + 1)[0]
-
-
-def no_node_reason(record: DeploymentRecord | None, deployment_id: str) -> str | None:
-    """Why a node task cannot run on this deployment now (None: it can), naming the phase and the fix."""
-    if record is None or record.desired is Desired.ABSENT or record.status.phase is Phase.DELETED:
-        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_list_deployments)"
-    phase = record.status.phase
-    if phase in NODE_PHASES:
-        return None
-    if phase in (Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING):
-        fix = "its TPU VM is not up yet; try again once tpu_get_deployment shows BOOTING or later"
-    elif phase in (Phase.STOPPING, Phase.STOPPED):
-        fix = "it has no TPU VM while stopped; start it with tpu_start_deployment first"
-    else:
-        fix = "it has no TPU VM; create or start a deployment first"
-    return f"deployment_id: {deployment_id} is {phase.value}, so no node runs the vLLM container: {fix}"
-
-
-def as_read(task: NodeTask, now: datetime, timeout_s: float) -> NodeTask:
-    """The task as a reader should see it: a dispatched task past the answer timeout has failed."""
-    if task.finished:
-        return task
-    since = task.dispatched_at or task.requested_at
-    if (now - since).total_seconds() <= timeout_s:
-        return task
-    return task.model_copy(
-        update={
-            "status": "failed",
-            "finished_at": now,
-            "detail": f"the node agent did not answer within {timeout_s:.0f} s (the node may be down or restarting); "
-            "check tpu_get_deployment, then try again",
-        }
-    )
 
 
 class NodeTasks:

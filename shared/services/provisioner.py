@@ -29,7 +29,7 @@ so the ticks keep retrying it and no subscription outlives its deployment.
 from __future__ import annotations
 
 import logging
-import socket
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -121,7 +121,7 @@ def reconcile_tick_job(topic: str, *, name: str = TICK_JOB_NAME, schedule: str =
 class ProvisionerSettings:
     """How the provisioner behaves; defaults suit Cloud Functions (540 s limit, one-minute ticks)."""
 
-    holder: str = field(default_factory=lambda: f"provisioner-{socket.gethostname()}")
+    holder: str = field(default_factory=lambda: f"provisioner-{uuid.uuid4().hex[:8]}")
     lease_ttl_s: float = 120.0
     create_bucket: TokenBucket = field(default_factory=lambda: TokenBucket.per_minute(60, burst=10))
     rate_limit_hold_s: float = 60.0
