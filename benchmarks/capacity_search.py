@@ -7,13 +7,13 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   request waits its full valid-until), ``ours-hedge4`` (hedge 4), ``ours-no-park`` (the earlier
   defaults: 10-minute checks, a checked request is force-deleted and its pair asked again later) and
   ``ours-check10`` (parking with the earlier 10-minute first check).
-* ``sequential``: the reference agent's ``find_tpu`` (reference-agent.md §3): candidate zones in
+* ``sequential``: the reference agent's ``find_tpu`` (docs/reference/reference-agent.md §3): candidate zones in
   alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
   after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
   retry a zone in the run, stop at the first ACTIVE. It asks for the scenario's tiers (each zone, then
   each tier) instead of its hard-coded flex-start, so every policy asks for the same capacity. It has
   no recovery: a preempted slice stays down.
-* ``skypilot``: SkyPilot-style failover (tpu-api.md §10): (zone, tier) pairs cheapest first, one at a
+* ``skypilot``: SkyPilot-style failover (docs/reference/tpu-api.md §10): (zone, tier) pairs cheapest first, one at a
   time; a refusal blocks the zone for the round; a request not ACTIVE within 300 s is abandoned without
   being deleted (its queued-resource path never deletes); when every pair was tried, a new round after
   30 s. After a preemption it relaunches elsewhere (EAGER_NEXT_REGION), leaving the SUSPENDED request.
@@ -223,7 +223,7 @@ class Ours(Policy):
 
 
 class Sequential(Policy):
-    """reference-agent.md §3, step by step."""
+    """docs/reference/reference-agent.md §3, step by step."""
 
     name = "sequential"
 

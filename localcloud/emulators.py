@@ -1,6 +1,7 @@
 """The real Firestore and Pub/Sub emulators from google-cloud-cli, for ``python -m localcloud up --emulators``.
 
-They are not on any package registry: they ship with the machine image's google-cloud-cli (gcp-local.md §1), so
+They are not on any package registry: they ship with the machine image's google-cloud-cli
+(docs/reference/gcp-local.md §1), so
 this module finds them offline and says exactly what is missing when it cannot. Each emulator leads its own
 process group (the Firestore launcher is a bash wrapper that forks ``java``), and :meth:`Emulator.stop` signals
 the group: SIGTERM, then SIGKILL after a grace period, so no JVM outlives the stack.

@@ -1,6 +1,6 @@
 """A small stateful fake of the Cloud Scheduler v1 REST API, so the real client is tested against it.
 
-There is no official Scheduler emulator (gcp-local.md §5). This fake serves what
+There is no official Scheduler emulator (docs/reference/gcp-local.md §5). This fake serves what
 ``google.cloud.scheduler_v1.CloudSchedulerClient(transport="rest")`` sends: create, get, list, patch,
 delete, ``:pause``, ``:resume`` and ``:run`` on ``/v1/projects/{p}/locations/{l}/jobs``. It keeps jobs
 in memory, answers with the standard error envelope, accepts numeric or string enums and ignores the

@@ -4,7 +4,7 @@ The capabilities live in ``mcp_client_gateway.capabilities`` (deployments, opera
 serving, logs, benchmarks, secrets), each a small class over the ports it needs; this facade builds them and
 keeps the one set of methods both shells call.
 
-Rules it keeps (DESIGN.md §1, reliability-security.md §10):
+Rules it keeps (docs/reference/DESIGN.md §1, docs/reference/reliability-security.md §10):
 
 - Reads come from the state store (or a live call to the endpoint); nothing shells out here. With
   ``TPUCTL_ENDPOINT_ACCESS=iap`` the live calls go through the ``EndpointAccess`` port, whose adapter runs

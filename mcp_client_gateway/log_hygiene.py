@@ -1,6 +1,7 @@
 """Making untrusted text (log lines, upstream error strings, model output) safe to hand to a model or a terminal.
 
-Why: logs can carry attacker text and secrets (reliability-security.md §10). Every line is stripped of ANSI
+Why: logs can carry attacker text and secrets (docs/reference/reliability-security.md §10). Every line is stripped of
+ANSI
 escapes and control or bidi characters, redacted (registered secrets plus token-shaped strings), and cut to a
 bound, so a log line can neither steer a terminal nor smuggle a credential out through a tool result.
 """

@@ -2,7 +2,8 @@
 
 Why: the integration tests need a real vLLM server, and a real server needs a model. A 590k-parameter Llama
 with a locally trained BPE tokenizer loads in seconds on CPU, needs no model hub and no token, and exercises
-the same HTTP, streaming and metrics code paths as Gemma on a TPU. Shapes follow vllm.md §10.1: hidden 128,
+the same HTTP, streaming and metrics code paths as Gemma on a TPU. Shapes follow docs/reference/vllm.md §10.1: hidden
+128,
 intermediate 256, 2 layers, 2 heads of head_dim 64 (CPU attention supports 32/64/80/96/112/128 only),
 vocab 2048, tied embeddings, bfloat16.
 

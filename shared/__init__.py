@@ -1,1 +1,1 @@
-"""tpuctl's shared code: domain, messages, ports, services, adapters (see DESIGN.md §2)."""
+"""tpuctl's shared code: domain, messages, ports, services, adapters (see docs/reference/DESIGN.md §2)."""

@@ -1,6 +1,6 @@
 """One ``Protocol`` per outside dependency. Services depend on these, adapters implement them.
 
-Every port has a Google Cloud adapter and an embedded default (DESIGN.md §5); both pass the
+Every port has a Google Cloud adapter and an embedded default (docs/reference/DESIGN.md §5); both pass the
 same contract test suite in ``tests/adapters``.
 """
 

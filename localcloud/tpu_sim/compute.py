@@ -7,7 +7,7 @@ billing meter. One scenario can then offer a zone through either API, and the in
 ACTIVE per deployment) span both. The world composes this engine with the TPU API on one kernel; the engine
 knows only the kernel.
 
-What it models (gcp-local.md §5.x, reference-agent.md §11):
+What it models (docs/reference/gcp-local.md §5.x, docs/reference/reference-agent.md §11):
 
 - ``instances.insert`` with ``scheduling.provisioningModel`` FLEX_START / SPOT / STANDARD /
   RESERVATION_BOUND, ``maxRunDuration`` with ``instanceTerminationAction`` (DELETE or STOP),
@@ -371,7 +371,8 @@ class ComputeEngine:
                 ),
                 None,
             )
-            if metric is None:  # short of quota: it just keeps waiting, like a stockout (reference-agent.md §11)
+            # short of quota: it just keeps waiting, like a stockout (docs/reference/reference-agent.md §11)
+            if metric is None:
                 remaining.append(instance)
                 continue
             instance.quota_metric = metric

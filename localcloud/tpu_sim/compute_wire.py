@@ -2,7 +2,7 @@
 
 ``compute_dispatch(world, method, path, query, body) -> (status, body)`` is shared by the HTTP server and
 by in-process callers, so the real ``google-cloud-compute`` and ``google-cloud-billing`` REST clients get
-the same JSON either way. Paths (gcp-local.md §5.x)::
+the same JSON either way. Paths (docs/reference/gcp-local.md §5.x)::
 
     POST|GET  /compute/v1/projects/P/zones/Z/instances            insert (requestId) | list (filter)
     GET|DELETE /compute/v1/projects/P/zones/Z/instances/N         get | delete (requestId)

@@ -110,7 +110,7 @@ class PreemptionSpec(BaseModel):
 
 
 class CyclingSpec(BaseModel):
-    """Provisioning that never finishes: nodes appear CREATING and vanish (tpu-api.md §3.4 "cycling")."""
+    """Provisioning that never finishes: nodes appear CREATING and vanish (docs/reference/tpu-api.md §3.4 "cycling")."""
 
     model_config = _STRICT
 
@@ -120,7 +120,8 @@ class CyclingSpec(BaseModel):
 
 
 class Timings(BaseModel):
-    """Virtual-second ranges ``[low, high]`` drawn uniformly with the world's seeded RNG (tpu-api.md §9)."""
+    """Virtual-second ranges ``[low, high]`` drawn uniformly with the world's seeded RNG
+    (docs/reference/tpu-api.md §9)."""
 
     model_config = _STRICT
 
@@ -230,7 +231,7 @@ class ComputeQuotaSpec(BaseModel):
     """A Compute Engine regional TPU quota in chips: the preemptible pool or the TPU family pool.
 
     Spot draws on ``preemptible``, standard on ``family``, flex-start on ``preemptible`` first and then on
-    ``family`` (reference-agent.md §11). A region with no entry for a metric is not limited by it.
+    ``family`` (docs/reference/reference-agent.md §11). A region with no entry for a metric is not limited by it.
     """
 
     model_config = _STRICT
@@ -262,7 +263,7 @@ class ErrorSpec(BaseModel):
 
 
 class Limits(BaseModel):
-    """Project-wide rules; defaults follow tpu-api.md §9."""
+    """Project-wide rules; defaults follow docs/reference/tpu-api.md §9."""
 
     model_config = _STRICT
 

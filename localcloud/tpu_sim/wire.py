@@ -1,4 +1,6 @@
-"""Wire-format helpers: Google's error envelope, enum, duration and timestamp parsing (tpu-api.md §5.1, §6)."""
+"""Wire-format helpers: Google's error envelope, enum, duration and timestamp parsing.
+
+As docs/reference/tpu-api.md §5.1 and §6 describe them."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Why: spot prices move every 30 days and the domain table (``shared.domain.prices``) is a snapshot; the
 capacity search ranks zones by price, so a stale table picks the wrong zone. This adapter reads the
 Compute Engine service's SKUs (``services/6F81-5844-456A``) with google-cloud-billing and keeps the v6e
-ones (reference-agent.md §11)::
+ones (docs/reference/reference-agent.md §11)::
 
     flex_start   ^DWS Defined Duration V6e running in <city>
     spot         ^TpuV6e attached to Spot Preemptible VMs running in <city>

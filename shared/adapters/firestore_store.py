@@ -8,7 +8,8 @@ Documents are the pydantic records as native maps; datetimes are Firestore times
 
 Concurrency: compare-and-set, fences and leases run in one ``@firestore.transactional`` read-modify-write with
 ``max_attempts`` raised to 30 (production retries optimistic conflicts; the emulator locks pessimistically and
-times locks out, gcp-local.md §3.1). Create-if-absent uses ``document.create()`` (fails with AlreadyExists).
+times locks out, docs/reference/gcp-local.md §3.1). Create-if-absent uses ``document.create()`` (fails with
+AlreadyExists).
 
 Errors: a transaction that keeps losing becomes ``ConflictError``; unavailable, deadline, internal and
 rate-limit answers become ``TransientError``; both are retried by the caller's message redelivery.

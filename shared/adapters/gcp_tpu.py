@@ -3,7 +3,8 @@
 Provider states are normalised into the domain enums by one table each (G6), and every provider error,
 whether it arrives as a synchronous HTTP answer or as a long-running operation's ``error``, goes
 through one function, :func:`classify_tpu_error` (:mod:`shared.adapters.tpu_error_mapping`), into a
-:class:`CloudError` (G4; tpu-api.md §5.4), with what it is about (``scope``: a zone, an accelerator, a tier, the
+:class:`CloudError` (G4; docs/reference/tpu-api.md §5.4), with what it is about (``scope``: a zone, an accelerator, a
+tier, the
 project; the quota's ``location``) read there too (:mod:`shared.adapters.tpu_errors`), so the planner never reads
 message text.
 

@@ -1,7 +1,8 @@
 """``OpenAiCompatibleClient``: the gateway's HTTP client for a deployed model (vLLM's OpenAI-compatible server).
 
 Why it exists: the gateway answers "query the model" and "is it healthy" itself, and both must be measured
-the way ``vllm bench serve`` measures (vllm.md §5): TTFT at the first chunk whose delta carries content (the
+the way ``vllm bench serve`` measures (docs/reference/vllm.md §5): TTFT at the first chunk whose delta carries
+content (the
 role chunk does not count), token counts from the server's ``usage`` chunk, never from counting chunks.
 
 Errors are classified once, here: refused or timed out -> ``TRANSIENT``; 401/403 -> ``PERMISSION``; 404 ->

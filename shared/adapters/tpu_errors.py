@@ -2,7 +2,7 @@
 
 Both back ends (:mod:`shared.adapters.gcp_tpu`, :mod:`shared.adapters.compute_engine_tpu`) classify an error
 into an :class:`ErrorClass`; these helpers add the :class:`ErrorScope` and the quota location the planner
-needs (tpu-api.md §5.4), so the domain reads fields and never message text:
+needs (docs/reference/tpu-api.md §5.4), so the domain reads fields and never message text:
 
 =================  ===========================================================  ====================
 class              message says                                                 scope

@@ -1,4 +1,6 @@
-"""Benchmark metrics exactly as ``vllm bench serve`` defines them (``vllm.md`` §5), and the knee of a sweep.
+"""Benchmark metrics exactly as ``vllm bench serve`` defines them, and the knee of a sweep.
+
+The definitions are ``docs/reference/vllm.md`` §5.
 
 Pure: records in, numbers out. Definitions, all on the client's ``time.perf_counter()``:
 

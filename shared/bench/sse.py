@@ -2,7 +2,8 @@
 
 Pure (no I/O). The split works on bytes as they arrive, so the caller can stamp the time of the read that
 completed each event before any JSON is parsed. What counts as a token follows ``vllm bench serve``'s definition
-(``vllm.md`` §5): a chat chunk whose delta has non-empty ``content``, ``reasoning`` (or ``reasoning_content``)
+(``docs/reference/vllm.md`` §5): a chat chunk whose delta has non-empty ``content``, ``reasoning`` (or
+``reasoning_content``)
 or ``tool_calls``; a completions chunk with non-empty ``text``. vLLM's role chunk (``"content": ""``) and a
 finishing chunk without text are not tokens; the usage chunk (``"choices": []``) is not either.
 """

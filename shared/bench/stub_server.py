@@ -5,7 +5,7 @@ This stub sends the first token a fixed delay after it has read the request, so 
 the client's own error (plus loopback transit). It also sends vLLM's chat role chunk at once, so a client that
 takes TTFT at the first SSE chunk instead of the first token shows a TTFT near zero.
 
-What it speaks (vLLM 0.32 shapes, ``vllm.md`` §2-§3): HTTP/1.1 with keep-alive and chunked responses;
+What it speaks (vLLM 0.32 shapes, ``docs/reference/vllm.md`` §2-§3): HTTP/1.1 with keep-alive and chunked responses;
 ``GET /health``, ``GET /version``, ``GET /v1/models``, ``POST /tokenize``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (streamed with a usage chunk and ``[DONE]``, or as one JSON body). Every
 whitespace-separated word of a prompt is one token; a completion is always ``max_tokens`` tokens long (as with

@@ -1,7 +1,7 @@
 """Two provisioning back ends behind one capacity search: machine types, choice, memory and ranking per back end.
 
 Why: a zone may be offered through the Cloud TPU API, through Compute Engine, or both, and what the
-search learns means different things per back end (tpu-api.md §1, reference-agent.md §11):
+search learns means different things per back end (docs/reference/tpu-api.md §1, docs/reference/reference-agent.md §11):
 
 - a **stockout**, a preemption, a stuck slice, an unparsed error or a denied location is about the zone's
   hardware or the project's access: it holds for both back ends (shared keys, unchanged);

@@ -41,7 +41,8 @@ __all__ = [
 ]
 
 GIB = 1024**3
-KV_TENSORS_PER_LAYER = 2  # K and V are both stored (Gemma 4's K=V layers included: reference-agent.md §11)
+# K and V are both stored (Gemma 4's K=V layers included: docs/reference/reference-agent.md §11)
+KV_TENSORS_PER_LAYER = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,9 @@ HEADROOM = HeadroomModel(
     runtime_reserve_gib=0.5,
     activation_values_per_hidden=16,
     logits_bytes=4,
-    source="(assumed) order-of-magnitude reserve; vllm.md §8.2 reports allocation failures only at 0.95+",
+    source=(
+        "(assumed) order-of-magnitude reserve; docs/reference/vllm.md §8.2 reports allocation failures only at 0.95+"
+    ),
 )
 
 

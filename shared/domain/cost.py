@@ -25,7 +25,7 @@ __all__ = [
     "estimate_cost",
 ]
 
-FLEX_START_MAX_RUN_HOURS = 7 * 24.0  # tpu-api.md §4: "Max run 7 days"
+FLEX_START_MAX_RUN_HOURS = 7 * 24.0  # docs/reference/tpu-api.md §4: "Max run 7 days"
 HOURS_PER_DAY = 24.0
 TOKENS_PER_MILLION = 1_000_000
 SECONDS_PER_HOUR = 3600.0

@@ -109,7 +109,7 @@ class LeaseHeld(TransientError):
 
 
 class ErrorClass(StrEnum):
-    """What a provider error means for the capacity search (tpu-api.md §5.4)."""
+    """What a provider error means for the capacity search (docs/reference/tpu-api.md §5.4)."""
 
     STOCKOUT = "stockout"
     QUOTA_ZONE = "quota_zone"

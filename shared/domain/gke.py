@@ -147,7 +147,7 @@ def _serving_container(
             {"name": "api-key", "mountPath": API_KEY_MOUNT_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},  # noqa: S108 - the pod's own memory-backed volume
         ],
-        # First start compiles for 10-40 min (vllm.md §8.3): the startup probe allows the engine timeout.
+        # First start compiles for 10-40 min (docs/reference/vllm.md §8.3): the startup probe allows the engine timeout.
         "startupProbe": _probe("/health", STARTUP_PROBE_PERIOD_S, launch.ready_timeout_s // STARTUP_PROBE_PERIOD_S),
         "readinessProbe": _probe("/health", 10, 3),
         "livenessProbe": _probe("/health", 30, 5, timeout=10),

@@ -4,7 +4,8 @@ Why: the reference agent launched vLLM three conflicting ways with a mutable ``n
 startup script, the GKE manifest and the docs all render ``build_launch(engine)``. The API key never
 enters argv or the container's configured environment: the container's command is a tiny ``/bin/sh``
 wrapper that reads the mounted key file into ``VLLM_API_KEY`` of the vLLM process only (root-only in
-``/proc``; not in ``docker inspect``, ``ps`` or the pod spec), as reliability-security.md §8.2 prefers over argv.
+``/proc``; not in ``docker inspect``, ``ps`` or the pod spec), as docs/reference/reliability-security.md §8.2 prefers
+over argv.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ __all__ = [
     "key_wrapper",
 ]
 
-# Pinned: vllm.md §1/§8.1 (vllm-tpu 0.32.0). Never a moving tag.
+# Pinned: docs/reference/vllm.md §1/§8.1 (vllm-tpu 0.32.0). Never a moving tag.
 DEFAULT_IMAGE = "vllm/vllm-tpu:v0.32.0"
-ENGINE_READY_TIMEOUT_S = 3600  # vllm.md §8.3: first start takes 10-40 min; the 600 s default kills it
+ENGINE_READY_TIMEOUT_S = 3600  # docs/reference/vllm.md §8.3: first start takes 10-40 min; the 600 s default kills it
 HF_CACHE_DIR = "/root/.cache/huggingface"
 VLLM_CACHE_DIR = "/root/.cache/vllm"
 XLA_CACHE_DIR = f"{VLLM_CACHE_DIR}/xla_cache"

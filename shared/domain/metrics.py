@@ -5,7 +5,7 @@ metrics and multi-engine servers, and that is easiest to prove with tables of in
 Prometheus text with ``prometheus_client`` and hands the samples to :func:`snapshot_from_samples`; everything
 after that lives here.
 
-Rules (vllm.md §4):
+Rules (docs/reference/vllm.md §4):
 
 * Samples are keyed by *sample* name (``vllm:prompt_tokens_total``), not family name, and summed over the
   ``engine`` and ``model_name`` labels (data parallel servers export one series per engine).
@@ -50,7 +50,7 @@ COUNTER_SAMPLES: Mapping[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    # Engine steps: the progress heartbeat (vllm.md §4.6, "Stall").
+    # Engine steps: the progress heartbeat (docs/reference/vllm.md §4.6, "Stall").
     "iterations": ("vllm:iteration_tokens_total_count",),
 }
 GAUGE_SAMPLES: Mapping[str, tuple[str, ...]] = {

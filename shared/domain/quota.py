@@ -1,7 +1,8 @@
 """Which quota a TPU request spends, per back end: pure tables and the "all alternatives blocked" rule.
 
 Why a module of its own: the two back ends count chips against different quotas, and learning about
-one must not block the other (reference-agent.md §11: TPU API quota does not carry over to Compute Engine).
+one must not block the other (docs/reference/reference-agent.md §11: TPU API quota does not carry over to Compute
+Engine).
 
 ==============  ==================================================  ======================================
 back end        tier                                                pools spent, in order (any one will do)
@@ -161,7 +162,7 @@ def quota_blocking_entry(
 # The Cloud Quotas API gives each TPU API quota's *limit* per zone or region; usage is not in it (Google serves
 # that from Cloud Monitoring), so it is counted here from the TPU API's own list of nodes and queued resources.
 # A zone's headroom for a tier is the smaller of its zone headroom and its region headroom: the two limits
-# bind independently (tpu-api.md §5.2: zone headroom with a region limit of 0 still gets a 429).
+# bind independently (docs/reference/tpu-api.md §5.2: zone headroom with a region limit of 0 still gets a 429).
 
 TPU_QUOTA_SERVICE = "tpu.googleapis.com"
 UNLIMITED = -1  # the Cloud Quotas API's value for "no limit"
@@ -177,7 +178,7 @@ _TPU_QUOTA_ID = re.compile(
     r"^(?P<prefix>TPU[A-Za-z0-9]+?)(?P<preemptible>Preemptible)?PerProjectPer(?P<scope>Zone|Region)ForTPUAPI$"
 )
 # A node holds its chips from creation until it is gone; a preempted spot node is kept and still holds them
-# (tpu-api.md §3.4). A queued resource without a node holds nothing until it provisions.
+# (docs/reference/tpu-api.md §3.4). A queued resource without a node holds nothing until it provisions.
 _HOLDING_QR_STATES = frozenset({QueuedResourceState.PROVISIONING, QueuedResourceState.ACTIVE})
 
 

@@ -1,7 +1,7 @@
 """A token bucket for TPU create calls, pure: the state goes in and comes back out.
 
 Why: the TPU API allows about 90 creates per project per minute and answers a burst with 429
-(tpu-api.md §5.2). Fan-out across many deployments must be throttled on our side, and a 429 must
+(docs/reference/tpu-api.md §5.2). Fan-out across many deployments must be throttled on our side, and a 429 must
 empty the bucket so nobody retries before tokens come back. The caller keeps the state (in memory
 or in a store); nothing here reads a clock.
 """

@@ -1,14 +1,14 @@
 """Zones known to offer an accelerator family before any deployment or quota row names them (pure data).
 
 The gateway's zone listing starts from these, then adds the zones deployments, capacity memory and live quota
-name (tpu-api.md §7: Google's list plus zones seen in the API's acceleratorTypes).
+name (docs/reference/tpu-api.md §7: Google's list plus zones seen in the API's acceleratorTypes).
 """
 
 from __future__ import annotations
 
 __all__ = ["V6E_ZONES", "offering_zones"]
 
-# Zones that offer v6e (tpu-api.md §7: Google's list plus zones seen in the API's acceleratorTypes).
+# Zones that offer v6e (docs/reference/tpu-api.md §7: Google's list plus zones seen in the API's acceleratorTypes).
 V6E_ZONES: tuple[str, ...] = (
     "asia-northeast1-b",
     "asia-south1-b",

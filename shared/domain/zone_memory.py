@@ -4,7 +4,7 @@ Pure: every function takes the memory (a mapping key -> entry) and ``now`` and r
 or keys to forget; the caller stores them. Memory is shared by all deployments, so what one search
 learns (a stockout in us-east5-b spot, a regional quota of 0) spares the others a failed attempt.
 
-Scopes follow tpu-api.md §5.4:
+Scopes follow docs/reference/tpu-api.md §5.4:
 
 =============  ==========================================  ===============================================
 error class    key                                         effect
@@ -66,7 +66,7 @@ PriceFn = Callable[[str, Tier, str], float | None]
 """(zone or region, tier, accelerator or family) -> USD per chip-hour, or None when unknown."""
 
 # When the table has no price for a pair, rank it as this share of the region's on-demand price
-# (flex-start and spot list at roughly half and a quarter to a half of on-demand; tpu-api.md §8).
+# (flex-start and spot list at roughly half and a quarter to a half of on-demand; docs/reference/tpu-api.md §8).
 _TIER_PRICE_FACTOR = {Tier.RESERVATION: 0.7, Tier.FLEX_START: 0.5, Tier.SPOT: 0.45, Tier.ON_DEMAND: 1.0}
 _DEFAULT_ON_DEMAND = 2.70
 _QUOTA_SUFFIXES = ("perprojectperzonefortpuapi", "perprojectperregionfortpuapi")

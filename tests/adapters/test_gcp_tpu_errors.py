@@ -1,6 +1,6 @@
 """The TPU error mapping is complete: every google.api_core exception class, every LRO code, every catalogue text.
 
-tpu-api.md §5.2 (catalogue), §5.3 (which classes the REST and LRO paths raise) and §5.4 (classes).
+docs/reference/tpu-api.md §5.2 (catalogue), §5.3 (which classes the REST and LRO paths raise) and §5.4 (classes).
 A new exception class in google-api-core fails ``test_the_table_names_every_api_core_exception_class``
 until someone decides what it means for us.
 """
@@ -125,7 +125,7 @@ def test_every_operation_error_code_maps_to_a_class(code: int, expected: ErrorCl
     assert (error.error_class, error.code, error.surfaced) == (expected, code, "operation")
 
 
-# tpu-api.md §5.2: the LRO variants, verbatim where the catalogue has them.
+# docs/reference/tpu-api.md §5.2: the LRO variants, verbatim where the catalogue has them.
 LRO_VARIANTS: list[tuple[int, str, str | None, ErrorClass]] = [
     (
         8,

@@ -1,6 +1,6 @@
 """End to end: the local cloud with the real functions, bus, store and a real vLLM, driven through the gateway.
 
-One story, in order, with the invariants checked at the end (DESIGN.md §6, tier 6):
+One story, in order, with the invariants checked at the end (docs/reference/DESIGN.md §6, tier 6):
 
 1. ``deployment.create`` through the gateway core hunts for v6e capacity in ``scarce-v6e`` (two zones, hedged);
 2. the node boots a real vLLM (CPU, tiny model): BOOTING, then SERVING; a timed query and a short benchmark run

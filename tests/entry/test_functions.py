@@ -91,7 +91,7 @@ def test_a_raw_pubsub_push_reaches_the_function_and_a_tick_reconciles(local_env:
     client = _client("provision").test_client()
     body = command_dict(issued_at=_now_iso(), spec={**command_dict()["spec"], "zones": ["us-east5-b"]})
     encoded = base64.b64encode(json.dumps(body).encode()).decode()
-    push = {  # the body the Pub/Sub emulator POSTs to a push endpoint (gcp-local.md §3.2)
+    push = {  # the body the Pub/Sub emulator POSTs to a push endpoint (docs/reference/gcp-local.md §3.2)
         "subscription": "projects/demo-tpuctl/subscriptions/push-sub",
         "message": {"data": encoded, "attributes": {}, "messageId": "2", "publishTime": _now_iso()},
     }

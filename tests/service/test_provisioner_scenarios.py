@@ -1,4 +1,4 @@
-"""The eleven simulator scenarios of tpu-api.md §9, each on the TPU simulator through the real adapter.
+"""The eleven simulator scenarios of docs/reference/tpu-api.md §9, each on the TPU simulator through the real adapter.
 
 Every test drives the provisioner with commands and minute ticks in virtual time and asserts the end
 state (where the slice runs, what was deleted, what zone memory learned) and the invariants (no orphan,

@@ -1,4 +1,4 @@
-"""Every state transition of tpu-api.md §3.4 / §9, driven through the world's API with fixed timings."""
+"""Every state transition of docs/reference/tpu-api.md §3.4 / §9, driven through the world's API with fixed timings."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Find, start and stop the Firestore and Pub/Sub emulators that ship with google-cloud-cli, offline.
 
-The emulators are not on any package registry: they come with the machine image (gcp-local.md §1). So this
+The emulators are not on any package registry: they come with the machine image (docs/reference/gcp-local.md §1). So
+this
 module only *detects* them; when a piece is missing, :func:`locate` returns a :class:`Missing` whose ``reason``
 says exactly which one, and the fixtures skip with it.
 
@@ -323,7 +324,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 def reset_firestore(emulator: RunningEmulator, *, database: str = "(default)") -> None:
-    """Empty the emulator's database (gcp-local.md §2.3): one DELETE, answered 200."""
+    """Empty the emulator's database (docs/reference/gcp-local.md §2.3): one DELETE, answered 200."""
     url = f"{emulator.base_url}/emulator/v1/projects/{emulator.project}/databases/{database}/documents"
     request = urllib.request.Request(url, method="DELETE")  # noqa: S310 - fixed http loopback URL
     with urllib.request.urlopen(request, timeout=10.0) as response:  # noqa: S310 - fixed http loopback URL

@@ -1,7 +1,7 @@
 """The Terraform tree parsed with python-hcl2, for structure tests that run without a terraform binary.
 
 python-hcl2 8 keeps quotes and adds ``__is_block__`` markers by default; the serialization options
-below give plain dicts (gcp-local.md §7). Every expression comes back as a ``"${...}"`` string, so
+below give plain dicts (docs/reference/gcp-local.md §7). Every expression comes back as a ``"${...}"`` string, so
 references are found with a small scanner over those strings, and ``${local.X}`` can be resolved
 where X is itself a plain string (enough for filters and names built from other locals).
 

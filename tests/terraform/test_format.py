@@ -1,7 +1,7 @@
 """``terraform fmt`` without terraform: hclfmt (the HCL v2 formatter behind it) finds no change and no syntax error.
 
 hclfmt is built offline from Debian's HCL sources into ``.tools/hclfmt`` by ``make hclfmt``
-(gcp-local.md §7). Without it the test is skipped with that instruction.
+(docs/reference/gcp-local.md §7). Without it the test is skipped with that instruction.
 """
 
 from __future__ import annotations

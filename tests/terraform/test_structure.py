@@ -1,6 +1,6 @@
 """Structure of the Terraform tree, checked offline over the python-hcl2 parse (no terraform binary here).
 
-These tests hold the infrastructure to the promises of issue 9 and reliability-security.md: every
+These tests hold the infrastructure to the promises of issue 9 and docs/reference/reliability-security.md: every
 stream has a dead-letter topic that someone reads, every function has its own identity and is
 retried, no broad role is granted, no secret value is written down, and names, entry points,
 settings and message routing agree with the Python code.

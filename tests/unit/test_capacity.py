@@ -28,7 +28,7 @@ def cache_config_labels(metrics_text: str) -> dict[str, str]:
 
 
 class TestReferenceFigures:
-    """reference-agent.md §6: 26B-A4B FP8 on v6e-4, TP 4, 0.80, FP8 KV, context 16,384."""
+    """docs/reference/reference-agent.md §6: 26B-A4B FP8 on v6e-4, TP 4, 0.80, FP8 KV, context 16,384."""
 
     def test_the_kv_token_total_is_reproduced_within_0_1_percent(self) -> None:
         report = estimate_capacity(

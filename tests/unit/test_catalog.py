@@ -116,7 +116,7 @@ def test_the_tiny_model_has_the_parameter_count_of_the_reference() -> None:
 @pytest.mark.parametrize(
     ("name", "kv_dtype", "expected"),
     [
-        ("gemma-4-e2b", "auto", 18 * 1024),  # reference-agent.md §11: E2B 18 KiB per token
+        ("gemma-4-e2b", "auto", 18 * 1024),  # docs/reference/reference-agent.md §11: E2B 18 KiB per token
         ("gemma-4-e4b", "auto", 56 * 1024),  # E4B 56 KiB
         ("gemma-4-26b-a4b", "fp8", 110 * 1024),  # 26B "about 110 KiB at int8 without windowing"
         ("tiny-llama", "auto", 1024),  # 2 layers x 2 KV heads x 64 x K,V x bf16

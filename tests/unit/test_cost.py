@@ -94,7 +94,7 @@ def test_a_ttl_is_billed_up_to_the_flex_start_run_cap(
 
 @pytest.mark.parametrize(
     ("tokens_per_second", "usd_per_million"),
-    [(202.9, 1.848), (870.0, 0.431)],  # reference-agent.md §11: flex-start v6e-1, $1.848 and $0.431
+    [(202.9, 1.848), (870.0, 0.431)],  # docs/reference/reference-agent.md §11: flex-start v6e-1, $1.848 and $0.431
 )
 def test_cost_per_million_tokens_reproduces_the_published_figures(
     tokens_per_second: float, usd_per_million: float

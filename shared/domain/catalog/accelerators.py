@@ -30,7 +30,7 @@ GIB = 1024**3
 
 # How a runtime places KV heads that do not divide evenly by the tensor-parallel size:
 # "replicate": every chip keeps all heads (JAX shardings need even division; tpu-inference), inferred from the
-#   reference's published 26B-A4B KV figure (reference-agent.md §6), which only reproduces this way;
+#   reference's published 26B-A4B KV figure (docs/reference/reference-agent.md §6), which only reproduces this way;
 # "one_per_rank": each rank keeps max(1, heads // tp), vLLM's GPU/CPU rule.
 KvHeadPolicy = Literal["replicate", "one_per_rank"]
 
@@ -59,7 +59,7 @@ TPU_RUNTIME = RuntimeSpec(
     name="vllm-tpu (tpu-inference)",
     kv_block_size=32,
     kv_head_policy="replicate",
-    source="reference-agent.md §5 (--block-size 32 on v6e-4) and §6 (KV shape; head placement inferred)",
+    source="docs/reference/reference-agent.md §5 (--block-size 32 on v6e-4) and §6 (KV shape; head placement inferred)",
 )
 CPU_RUNTIME = RuntimeSpec(
     name="vllm-cpu",
@@ -91,11 +91,13 @@ class AcceleratorSpec:
 
 
 _V6E_SOURCE = (
-    "vllm.md §8.1 (1x1/2x2/2x4, 32 GB per chip, runtime v2-alpha-tpuv6e); usable 31.25 GiB as JAX reports "
-    "(reference-agent.md §6); machine types from reference-agent.md §11"
+    "docs/reference/vllm.md §8.1 (1x1/2x2/2x4, 32 GB per chip, runtime v2-alpha-tpuv6e); "
+    "usable 31.25 GiB as JAX reports "
+    "(docs/reference/reference-agent.md §6); machine types from docs/reference/reference-agent.md §11"
 )
 _V5E_SOURCE = (
-    "tpu-api.md §2 (V5LITE_POD); 16 GiB per chip, usable 14.49 GiB measured on v5e-1 (reference-agent.md §11); "
+    "docs/reference/tpu-api.md §2 (V5LITE_POD); 16 GiB per chip, usable 14.49 GiB measured on v5e-1 "
+    "(docs/reference/reference-agent.md §11); "
     "machine types, topology and GKE label from public Cloud TPU v5e docs (not in the project references)"
 )
 _V5P_SOURCE = (

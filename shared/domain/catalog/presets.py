@@ -117,7 +117,7 @@ class ModelPreset:
 
 
 _GEMMA4_CARD = "Hugging Face model card and config.json of the google/gemma-4-* repositories (public, April-June 2026)"
-_GEMMA4_FLAGS = "vllm.md §8.1-8.2 (flags by size and topology; gemma4 tool and reasoning parsers)"
+_GEMMA4_FLAGS = "docs/reference/vllm.md §8.1-8.2 (flags by size and topology; gemma4 tool and reasoning parsers)"
 
 
 def _gemma4(
@@ -203,11 +203,13 @@ PRESETS: dict[str, ModelPreset] = {
             max_positions=131_072,
             min_batched_tokens=2496,
             measured_weights=(
-                WeightMeasurement("v6e-1", "bfloat16", 1, 8.97, "reference-agent.md §11 (xbill9/gemma4-dev)"),
+                WeightMeasurement(
+                    "v6e-1", "bfloat16", 1, 8.97, "docs/reference/reference-agent.md §11 (xbill9/gemma4-dev)"
+                ),
             ),
             sources=(
                 "5.1B total parameters, 35 layers, 20 KV-shared, window 512: model card",
-                "KV 18 KiB/token, weights 8.97 GiB on v6e-1: reference-agent.md §11 (xbill9/gemma4-dev)",
+                "KV 18 KiB/token, weights 8.97 GiB on v6e-1: docs/reference/reference-agent.md §11 (xbill9/gemma4-dev)",
             ),
         ),
         _gemma4(
@@ -232,7 +234,7 @@ PRESETS: dict[str, ModelPreset] = {
             max_positions=131_072,
             sources=(
                 "8B total parameters, 42 layers, 18 KV-shared, window 512: model card",
-                "KV 56 KiB/token: reference-agent.md §11 (xbill9/gemma4-dev)",
+                "KV 56 KiB/token: docs/reference/reference-agent.md §11 (xbill9/gemma4-dev)",
             ),
         ),
         _gemma4(
@@ -254,7 +256,7 @@ PRESETS: dict[str, ModelPreset] = {
             max_positions=262_144,
             sources=(
                 "11.95B parameters, 48 layers, hidden 3840, window 1024, encoder-free (~35M embedders): model card",
-                "12B size in the reference's comparisons: reference-agent.md §10 step 12",
+                "12B size in the reference's comparisons: docs/reference/reference-agent.md §10 step 12",
             ),
         ),
         _gemma4(
@@ -280,11 +282,11 @@ PRESETS: dict[str, ModelPreset] = {
             num_experts=128,
             experts_per_token=8,
             fp8_env=(("MOE_REQUANTIZE_WEIGHT_DTYPE", "float8_e4m3fn"),),
-            measured_weights=(WeightMeasurement("v6e-4", "fp8", 4, 9.70, "reference-agent.md §6"),),
+            measured_weights=(WeightMeasurement("v6e-4", "fp8", 4, 9.70, "docs/reference/reference-agent.md §6"),),
             sources=(
                 "25.2B total (24.65B language model + ~550M vision), 3.8B active, 128 experts top 8: model card",
-                "KV about 110 KiB/token at int8 without windowing: reference-agent.md §11",
-                "launch (TP 4, fp8 KV, block 32, 16384 context, 0.80): reference-agent.md §5-6",
+                "KV about 110 KiB/token at int8 without windowing: docs/reference/reference-agent.md §11",
+                "launch (TP 4, fp8 KV, block 32, 16384 context, 0.80): docs/reference/reference-agent.md §5-6",
             ),
         ),
         _gemma4(
@@ -306,7 +308,7 @@ PRESETS: dict[str, ModelPreset] = {
             max_positions=262_144,
             sources=(
                 "30.7B parameters, 60 layers (5 sliding : 1 full), 32 heads, 16 KV heads, window 1024: model card",
-                "v6e-4 minimum, 8192 context, 128 seqs: vllm.md §8.2",
+                "v6e-4 minimum, 8192 context, 128 seqs: docs/reference/vllm.md §8.2",
             ),
         ),
         ModelPreset(
@@ -332,7 +334,8 @@ PRESETS: dict[str, ModelPreset] = {
             default_max_num_seqs=256,
             default_max_num_batched_tokens=2048,
             sources=(
-                "vllm.md §10.1: hidden 128, intermediate 256, 2 layers, 2 heads, head_dim 64, vocab 2048, tied, "
+                "docs/reference/vllm.md §10.1: hidden 128, intermediate 256, 2 layers, 2 heads, head_dim 64, "
+                "vocab 2048, tied, "
                 "bfloat16, 590,464 parameters; KV heads 2 (scripts/make_tiny_model.py)",
             ),
         ),

@@ -1,5 +1,5 @@
 # The two identities that are not functions: the TPU VM's service account and the humans (or
-# groups) who run the MCP gateway. Each gets only what its job needs (reliability-security.md §7).
+# groups) who run the MCP gateway. Each gets only what its job needs (docs/reference/reliability-security.md §7).
 #
 # TPU VM: writes logs (roles/logging.logWriter: the node agent ships the vLLM container's lines to
 # Cloud Logging as the VM) and metrics, publishes results on the events topic, reads the node-agent
