@@ -45,8 +45,10 @@ HEADLINE_DIRECTIONS: dict[str, Literal["high", "low"]] = {
 
 
 def _number(value: Any) -> float | None:
-    """``value`` as a float when it is a number (``bool`` is not), else None."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """``value`` as a float when it is a finite number (``bool`` is not; NaN and infinities are not), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _take(found: dict[str, float], source: Mapping[str, Any]) -> None:
@@ -119,32 +121,27 @@ def best_run_per_metric(runs: Iterable[tuple[str, Mapping[str, float]]]) -> dict
     return best
 
 
-def _finite(value: Any) -> float | None:
-    """``value`` as a float when it is a finite number (``bool`` is not), else None."""
-    number = _number(value)
-    return number if number is not None and math.isfinite(number) else None
-
-
 def sweep_headline(result: Mapping[str, Any] | None) -> dict[str, Any]:
     """A stored sweep's headline: peak output throughput, where it was reached, the knee, and latencies at the
     knee (or at the peak when no knee was found). Empty when no point has an output throughput."""
     raw = (result or {}).get("points")
     points = [point for point in raw if isinstance(point, dict)] if isinstance(raw, list) else []
-    scored = [(value, point) for point in points if (value := _finite(point.get("output_throughput"))) is not None]
+    scored = [(value, point) for point in points if (value := _number(point.get("output_throughput"))) is not None]
     if not scored:
         return {}
     peak_value, peak = max(scored, key=lambda item: item[0])
     knee = (result or {}).get("knee") or {}
     knee_level = knee.get("level") if isinstance(knee, dict) else None
-    at = next((p for p in points if _finite(p.get("level")) == _finite(knee_level)), peak)
+    knee_at = _number(knee_level)
+    at = next((p for p in points if knee_at is not None and _number(p.get("level")) == knee_at), peak)
     return {
         "peak_output_throughput": round(peak_value, 2),
-        "peak_request_throughput": _finite(peak.get("request_throughput")),
+        "peak_request_throughput": _number(peak.get("request_throughput")),
         "peak_at_level": peak.get("level"),
         "knee_level": knee_level,
         "saturated": bool(knee.get("saturated")) if isinstance(knee, dict) else False,
-        "median_ttft_ms_at_knee": _finite(at.get("median_ttft_ms")),
-        "p99_ttft_ms_at_knee": _finite(at.get("p99_ttft_ms")),
-        "median_itl_ms_at_knee": _finite(at.get("median_itl_ms")),
-        "p99_itl_ms_at_knee": _finite(at.get("p99_itl_ms")),
+        "median_ttft_ms_at_knee": _number(at.get("median_ttft_ms")),
+        "p99_ttft_ms_at_knee": _number(at.get("p99_ttft_ms")),
+        "median_itl_ms_at_knee": _number(at.get("median_itl_ms")),
+        "p99_itl_ms_at_knee": _number(at.get("p99_itl_ms")),
     }
