@@ -242,6 +242,29 @@ class LocalCloud:
         return self
 
     def _start(self) -> None:
+        """The start steps in order; each later step relies on what the earlier ones set up."""
+        self._open_run_log()
+        self._reap_left_overs()
+        sim_url = self._start_fakes()
+        self._settings = self._build_settings(sim_url)
+        settings = self._settings
+        self._ensure_secret(settings.vllm_api_key_secret, "tpk-")
+        self._ensure_secret(settings.hf_token_secret, "hf_")
+        self.google_apis.start()
+        self._open_store_and_bus(settings)
+        self._create_topology()
+        self._create_jobs()
+        self._start_functions()
+        self._attach_fleet()
+        self._serve_routes()
+        self._spawn(self._tick_loop, "localcloud-ticker")
+        self._spawn(self._watch_active, "localcloud-active-watch")
+        log.info(
+            "local cloud up: simulator %s, data %s, time scale %g", sim_url, self.data_dir, self.options.time_scale
+        )
+
+    def _open_run_log(self) -> None:
+        """The data and log folders, and the runner's own JSON-lines log (secrets redacted)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._log_handler = logging.FileHandler(self.log_dir / "runner.jsonl", encoding="utf-8")
@@ -249,6 +272,9 @@ class LocalCloud:
         self._log_handler.setFormatter(JsonFormatter())
         log.addHandler(self._log_handler)
         log.setLevel(logging.INFO)
+
+    def _reap_left_overs(self) -> None:
+        """Stop the process groups a killed earlier run left behind, and say so."""
         self.reaped_at_start = reap_orphans()
         for group in self.reaped_at_start:
             log.warning(
@@ -257,15 +283,21 @@ class LocalCloud:
                 group.pgid,
                 group.owner,
             )
+
+    def _start_fakes(self) -> str:
+        """The emulators and Google API stand-ins the options ask for, then the simulator; returns its URL."""
         if self.uses_emulators:
             self._start_emulators()
         if self.options.gcp:
             self.controller_apis.start()
             self._scheduler_url = self.scheduler_api.start()
-        sim_url = self.sim.start()
+        return self.sim.start()
+
+    def _build_settings(self, sim_url: str) -> Settings:
+        """The ``Settings`` the functions and the runner share: back end, endpoints, scaled limits, bundle."""
         limits = self._scaled_limits()
         bundle = self._publish_node_agent()
-        self._settings = Settings.model_validate(
+        return Settings.model_validate(
             {
                 **({"node_agent_bundle": bundle.uri, "node_agent_bundle_sha256": bundle.sha256} if bundle else {}),
                 "backend": "gcp" if self.options.gcp else "local",
@@ -287,10 +319,9 @@ class LocalCloud:
                 **limits,
             }
         )
-        settings = self._settings
-        self._ensure_secret(settings.vllm_api_key_secret, "tpk-")
-        self._ensure_secret(settings.hf_token_secret, "hf_")
-        self.google_apis.start()
+
+    def _open_store_and_bus(self, settings: Settings) -> None:
+        """Store, bus and scheduler: on the emulators and fakes, or the embedded SQLite ones."""
         clock = self.world.clock
         scale = self.options.time_scale
         if self.uses_emulators:
@@ -311,8 +342,9 @@ class LocalCloud:
             self._scheduler = self._runtime.scheduler if self._runtime else None  # Cloud Scheduler, on the fake
         else:
             self._scheduler = LocalScheduler(self.data_dir / "scheduler.sqlite", clock=clock)
-        self._create_topology()
-        self._create_jobs()
+
+    def _start_functions(self) -> None:
+        """Every function whose source is present, each in its own process; returns once all listen."""
         for name in FUNCTIONS:
             if (REPO_ROOT / "functions" / name / "main.py").is_file():
                 self.functions[name] = self._start_function(name)
@@ -320,24 +352,31 @@ class LocalCloud:
                 log.warning("functions/%s/main.py is missing: its subscriptions wait without a consumer", name)
         for function in self.functions.values():
             self._wait_listening(function)
-        if self.options.boot_nodes:
-            reason = self.tier.unavailable_reason() or unshare_available()
-            if reason:
-                self.no_boot_reason = reason
-                log.warning("nodes will not boot: %s", reason)
-            else:
-                self.fleet = VmFleet(
-                    self.world,
-                    self.tier,
-                    apis=self.google_apis,
-                    tokens=self.tokens,
-                    work_dir=self.data_dir / "nodes",
-                    log_dir=self.log_dir,
-                    container_env=self.client_env(),
-                    routes=(self.sim.port, *self._emulator_ports()),
-                    clock_endpoint=self.sim_url,
-                )
-                self.fleet.attach()
+
+    def _attach_fleet(self) -> None:
+        """The VM fleet that boots nodes, when asked for and this machine can; otherwise the reason it cannot."""
+        if not self.options.boot_nodes:
+            return
+        reason = self.tier.unavailable_reason() or unshare_available()
+        if reason:
+            self.no_boot_reason = reason
+            log.warning("nodes will not boot: %s", reason)
+            return
+        self.fleet = VmFleet(
+            self.world,
+            self.tier,
+            apis=self.google_apis,
+            tokens=self.tokens,
+            work_dir=self.data_dir / "nodes",
+            log_dir=self.log_dir,
+            container_env=self.client_env(),
+            routes=(self.sim.port, *self._emulator_ports()),
+            clock_endpoint=self.sim_url,
+        )
+        self.fleet.attach()
+
+    def _serve_routes(self) -> None:
+        """One dispatcher per route whose function runs: the embedded bus serves it, the emulator is pulled."""
         for route in ROUTES:
             target = self.functions.get(route.function)
             if target is None:
@@ -350,9 +389,6 @@ class LocalCloud:
                 self._threads.append(served)
             else:
                 self._spawn(self._pull_loop(route.subscription, handler), f"dispatch-{route.subscription}")
-        self._spawn(self._tick_loop, "localcloud-ticker")
-        self._spawn(self._watch_active, "localcloud-active-watch")
-        log.info("local cloud up: simulator %s, data %s, time scale %g", sim_url, self.data_dir, scale)
 
     def stop(self) -> StopReport:
         """Stop everything this instance started; idempotent. The report lists any process group still alive."""

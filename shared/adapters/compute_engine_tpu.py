@@ -1,8 +1,8 @@
 """``TpuApi`` on Compute Engine: TPU VMs as instances (``ct6e-standard-1t/4t/8t``), through google-cloud-compute.
 
 Why a second back end: Google keeps the Cloud TPU API on bug fixes only and offers TPU7x and later
-through Compute Engine or GKE, where flex-start VMs play the role of queued resources (tpu-api.md §1,
-reference-agent.md §11). This adapter speaks Compute Engine and hands the controller the same domain
+through Compute Engine or GKE, where flex-start VMs play the role of queued resources (docs/reference/tpu-api.md §1,
+docs/reference/reference-agent.md §11). This adapter speaks Compute Engine and hands the controller the same domain
 states and error classes as :mod:`shared.adapters.gcp_tpu`, so the planner cannot tell the two apart
 except by ``ObservedResource.backend``.
 
@@ -328,58 +328,16 @@ class ComputeEngineTpu:
 
     def instance_for(self, request: ProvisionRequest) -> compute_v1.Instance:
         """The ``Instance`` body a create sends (also shown by dry runs and tests)."""
-        machine = machine_type_of(request.accelerator)
-        if machine is None:
-            raise CloudError(
-                ErrorClass.UNSUPPORTED,
-                f"accelerator: Compute Engine sells no single machine type for {request.accelerator!r} "
-                f"(known: {', '.join(sorted(MACHINE_TYPES))}); use the tpu-api back end",
-                location=request.zone,
-                scope=ErrorScope.ACCELERATOR,
-            )
+        machine = _machine_type(request)
         zone = request.zone
-        scheduling = compute_v1.Scheduling(
-            provisioning_model=_MODELS[request.tier], on_host_maintenance="TERMINATE", automatic_restart=False
-        )
-        params: compute_v1.InstanceParams | None = None
-        if request.tier is Tier.FLEX_START:
-            if not request.max_run_s:
-                raise CloudError(ErrorClass.INVALID, "max_run_s: required for tier 'flex_start' (at most 7 days)")
-            if request.valid_until_s:
-                params = compute_v1.InstanceParams(
-                    request_valid_for_duration=compute_v1.Duration(seconds=request.valid_until_s)
-                )
-        if request.max_run_s:
-            scheduling.max_run_duration = compute_v1.Duration(seconds=request.max_run_s)
-            scheduling.instance_termination_action = "DELETE"
-        elif request.tier is Tier.SPOT:
-            scheduling.instance_termination_action = "DELETE"  # a preempted VM is gone, not a stopped leftover
+        params = _flex_start_params(request)
         instance = compute_v1.Instance(
             name=request.resource_id,
             machine_type=f"zones/{zone}/machineTypes/{machine}",
             labels={LABEL_MANAGED_BY: "tpuctl", **request.labels},
-            scheduling=scheduling,
-            disks=[
-                compute_v1.AttachedDisk(
-                    boot=True,
-                    auto_delete=True,
-                    initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=self._image_family,
-                        disk_size_gb=self._boot_disk_gb,
-                        disk_type=f"zones/{zone}/diskTypes/{self._boot_disk_type}",
-                    ),
-                )
-            ],
-            network_interfaces=[
-                compute_v1.NetworkInterface(
-                    network=self._network,
-                    access_configs=(
-                        [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-                        if self._external_ip
-                        else []
-                    ),
-                )
-            ],
+            scheduling=_scheduling(request),
+            disks=[self._boot_disk(zone)],
+            network_interfaces=[self._network_interface()],
             service_accounts=[
                 compute_v1.ServiceAccount(
                     email=request.service_account or self._placement.service_account or "default", scopes=list(SCOPES)
@@ -394,25 +352,31 @@ class ComputeEngineTpu:
         if params is not None:
             instance.params = params
         if request.startup_script:
-            # Compute Engine keeps guest attributes off unless asked: the script reports boot progress there.
-            instance.metadata = compute_v1.Metadata(
-                items=[
-                    compute_v1.Items(key="startup-script", value=request.startup_script),
-                    compute_v1.Items(key="enable-guest-attributes", value="TRUE"),
-                    *(compute_v1.Items(key=key, value=value) for key, value in request.metadata.items()),
-                ]
-            )
+            instance.metadata = _startup_metadata(request)
         if request.tier is Tier.RESERVATION:
-            if not request.reservation_name:
-                raise CloudError(
-                    ErrorClass.INVALID, "reservation_name: required for tier 'reservation' (the reservation's id)"
-                )
-            instance.reservation_affinity = compute_v1.ReservationAffinity(
-                consume_reservation_type="SPECIFIC_RESERVATION",
-                key="compute.googleapis.com/reservation-name",
-                values=[request.reservation_name],
-            )
+            instance.reservation_affinity = _reservation_affinity(request)
         return instance
+
+    def _boot_disk(self, zone: str) -> compute_v1.AttachedDisk:
+        """The boot disk: the configured image family, size and type, deleted with the VM."""
+        return compute_v1.AttachedDisk(
+            boot=True,
+            auto_delete=True,
+            initialize_params=compute_v1.AttachedDiskInitializeParams(
+                source_image=self._image_family,
+                disk_size_gb=self._boot_disk_gb,
+                disk_type=f"zones/{zone}/diskTypes/{self._boot_disk_type}",
+            ),
+        )
+
+    def _network_interface(self) -> compute_v1.NetworkInterface:
+        """The one network interface, with an external address only when configured to have one."""
+        return compute_v1.NetworkInterface(
+            network=self._network,
+            access_configs=(
+                [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")] if self._external_ip else []
+            ),
+        )
 
     # ---- TpuApi
 
@@ -584,4 +548,65 @@ def observe_instance(instance: compute_v1.Instance) -> ObservedResource:
         endpoint=_endpoint(instance) if state is QueuedResourceState.ACTIVE else None,
         created_at=_time(instance.creation_timestamp),
         termination_at=_time(scheduling.termination_time),
+    )
+
+
+def _machine_type(request: ProvisionRequest) -> str:
+    """The single machine type that carries the request's accelerator, or UNSUPPORTED (the tpu-api back end may)."""
+    machine = machine_type_of(request.accelerator)
+    if machine is None:
+        raise CloudError(
+            ErrorClass.UNSUPPORTED,
+            f"accelerator: Compute Engine sells no single machine type for {request.accelerator!r} "
+            f"(known: {', '.join(sorted(MACHINE_TYPES))}); use the tpu-api back end",
+            location=request.zone,
+            scope=ErrorScope.ACCELERATOR,
+        )
+    return machine
+
+
+def _flex_start_params(request: ProvisionRequest) -> compute_v1.InstanceParams | None:
+    """Flex-start needs a run limit; its optional wait for capacity travels as the instance's params."""
+    if request.tier is not Tier.FLEX_START:
+        return None
+    if not request.max_run_s:
+        raise CloudError(ErrorClass.INVALID, "max_run_s: required for tier 'flex_start' (at most 7 days)")
+    if not request.valid_until_s:
+        return None
+    return compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=request.valid_until_s))
+
+
+def _scheduling(request: ProvisionRequest) -> compute_v1.Scheduling:
+    """The tier's provisioning model; a VM with a run limit, or a spot VM, is deleted when it ends, not stopped."""
+    scheduling = compute_v1.Scheduling(
+        provisioning_model=_MODELS[request.tier], on_host_maintenance="TERMINATE", automatic_restart=False
+    )
+    if request.max_run_s:
+        scheduling.max_run_duration = compute_v1.Duration(seconds=request.max_run_s)
+        scheduling.instance_termination_action = "DELETE"
+    elif request.tier is Tier.SPOT:
+        scheduling.instance_termination_action = "DELETE"  # a preempted VM is gone, not a stopped leftover
+    return scheduling
+
+
+def _startup_metadata(request: ProvisionRequest) -> compute_v1.Metadata:
+    """The startup script and the request's metadata. Compute Engine keeps guest attributes off unless asked:
+    the script reports boot progress there."""
+    return compute_v1.Metadata(
+        items=[
+            compute_v1.Items(key="startup-script", value=request.startup_script),
+            compute_v1.Items(key="enable-guest-attributes", value="TRUE"),
+            *(compute_v1.Items(key=key, value=value) for key, value in request.metadata.items()),
+        ]
+    )
+
+
+def _reservation_affinity(request: ProvisionRequest) -> compute_v1.ReservationAffinity:
+    """Tier 'reservation' consumes the named reservation and nothing else."""
+    if not request.reservation_name:
+        raise CloudError(ErrorClass.INVALID, "reservation_name: required for tier 'reservation' (the reservation's id)")
+    return compute_v1.ReservationAffinity(
+        consume_reservation_type="SPECIFIC_RESERVATION",
+        key="compute.googleapis.com/reservation-name",
+        values=[request.reservation_name],
     )

@@ -37,7 +37,7 @@ import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,6 +56,7 @@ from shared.domain.health import (
     MONITORED_PHASES,
     Assessment,
     EndpointCheck,
+    HealingAction,
     HistoryPoint,
     PriorState,
     ProbeOutcome,
@@ -319,94 +320,40 @@ class Monitor:
             item.boot = read_boot(attributes, _clean)
 
     def _decide(self, item: _Work, now: datetime) -> _Decision:
+        """The tick's verdict on one probe: the sample, the status to store, and at most one healing command.
+
+        A failed boot wins outright; otherwise the healing rules (``_HEALING_RULES``) are tried in order and the
+        first that applies acts."""
         record, result = item.record, item.result
         assert result is not None
-        status = record.status
-        thresholds = record.spec.health
-        previous_snapshot, previous_at = _previous_snapshot(item.history)
-        interval: IntervalStats | None = None
-        if result.metrics is not None:
-            elapsed = (now - previous_at).total_seconds() if previous_at else 0.0
-            interval = derive_interval(previous_snapshot, result.metrics, elapsed)
-        prior = PriorState(phase=status.phase, phase_since=status.phase_since, serving_since=status.serving_since)
-        assessment = assess(result, interval, [_point(s) for s in item.history], prior, now, thresholds)
-
+        interval = _interval(item.history, result, now)
+        assessment = _assess(item, result, interval, now)
         slis = _slis(result, interval)
-        report = DeploymentReport(
-            deployment_id=record.deployment_id,
-            previous=status.phase,
-            phase=assessment.phase,
-            probe=result.outcome.value,
-            reason=assessment.reason,
-        )
-        sample = MonitorSample(
-            deployment_id=record.deployment_id,
-            taken_at=now,
-            phase=assessment.phase,
-            probe=result.outcome.value,
-            slis=slis,
-            counters=result.metrics.to_record() if result.metrics is not None else {},
-            detail=_detail(assessment, result),
-            expire_at=now + timedelta(days=self.settings.sample_ttl_days),
-        )
-        decision = _Decision(record=record, sample=sample, report=report, new_status=None)
+        decision = _observation(record, result, assessment, slis, now, self.settings.sample_ttl_days)
         boot, failure = _boot_update(item, now)
         if failure is not None:
             return _fail_boot(decision, boot, failure, now)
 
-        serving_since = status.serving_since
-        if assessment.phase in _SERVING_PHASES and serving_since is None:
-            serving_since = now
-        last_request_at = status.last_request_at
         activity_write_s = _activity_write_s(record, self.settings)
         active = interval is not None and interval.active
-        if active and (last_request_at is None or (now - last_request_at).total_seconds() >= activity_write_s):
-            last_request_at = now
-        new_status: dict[str, Any] = {
-            "phase": assessment.phase,
-            "phase_since": assessment.since,
-            "message": assessment.reason[:2000],
-            "serving_since": serving_since,
-            "last_request_at": last_request_at,
-            "slis": {**slis, "as_of_epoch_s": now.timestamp()} if slis else {**status.slis},
-        }
+        new_status = _next_status(record, assessment, active, slis, now, activity_write_s)
+        serving_since, last_request_at = new_status["serving_since"], new_status["last_request_at"]
+        node_states = [ref.node_state for ref in record.status.resources]
+        verdict = _Verdict(
+            decision=decision,
+            assessment=assessment,
+            now=now,
+            new_status=new_status,
+            action=healing_action(assessment.phase, assessment.since, now, record.spec.health, node_states),
+            active=active,
+            activity_write_s=activity_write_s,
+        )
+        for rule in _HEALING_RULES:
+            if rule(verdict):  # first match wins
+                break
 
-        node_states = [ref.node_state for ref in status.resources]
-        action = healing_action(assessment.phase, assessment.since, now, thresholds, node_states)
-        if action == "restart":
-            decision.unhealed_status = dict(new_status)
-            decision.events.append(
-                RestartServing(
-                    command_id=_command_id(record, "restart", assessment.since),
-                    issued_at=now,
-                    deployment_id=record.deployment_id,
-                    reason=f"{assessment.phase.value} since {assessment.since.isoformat()}: {assessment.reason}"[:500],
-                )
-            )
-            # After a restart vLLM boots again (minutes on TPU): BOOTING, with a fresh boot budget.
-            new_status.update(
-                phase=Phase.BOOTING,
-                phase_since=now,
-                serving_since=None,
-                last_request_at=None,
-                message=f"restart requested: {assessment.reason}"[:2000],
-            )
-            report.phase = Phase.BOOTING
-        elif action == "reprovision" and status.phase is not Phase.DOWN:
-            decision.events.append(
-                ReconcileTick(
-                    command_id=_command_id(record, "reprovision", assessment.since),
-                    issued_at=now,
-                    deployment_id=record.deployment_id,
-                    purpose="reconcile",
-                )
-            )
-        elif record.spec.idle_minutes and assessment.phase in (Phase.SERVING, Phase.DEGRADED) and not active:
-            idle_s = idle_for(last_request_at, serving_since, now)
-            if idle_s is not None and idle_s >= record.spec.idle_minutes * 60 + activity_write_s:
-                decision.events.append(self._idle_command(record, now, last_request_at or serving_since))
-
-        wanted = report.phase is not status.phase or bool(decision.events)
+        status = record.status
+        wanted = decision.report.phase is not status.phase or bool(decision.events)
         wanted = wanted or serving_since != status.serving_since or last_request_at != status.last_request_at
         as_of = status.slis.get("as_of_epoch_s")
         if as_of is None or now.timestamp() - as_of >= _refresh_after_s(record.deployment_id, self.settings):
@@ -417,17 +364,6 @@ class Monitor:
         if wanted:
             decision.new_status = new_status
         return decision
-
-    def _idle_command(self, record: DeploymentRecord, now: datetime, since: datetime | None) -> BaseModel:
-        command_id = _command_id(record, f"idle-{record.spec.on_idle}", since or now)
-        if record.spec.on_idle == "delete":
-            return DeleteDeployment(
-                command_id=command_id,
-                issued_at=now,
-                deployment_id=record.deployment_id,
-                expected_generation=record.generation,
-            )
-        return StopDeployment(command_id=command_id, issued_at=now, deployment_id=record.deployment_id)
 
     def _publish_healing(self, decisions: Sequence[_Decision], report: TickReport) -> None:
         """Publish before the records change: at-least-once (a failed publish leaves the phase to retry)."""
@@ -569,6 +505,176 @@ def _fail_boot(decision: _Decision, boot: BootProgress | None, failure: str, now
         )
     )
     return decision
+
+
+# The decision on one probe, in pieces: what was seen, the status it implies, then the healing rules.
+
+
+def _interval(history: Sequence[MonitorSample], result: ProbeResult, now: datetime) -> IntervalStats | None:
+    """Rates over the interval since the last sample that carried counters (None when vLLM gave no metrics)."""
+    if result.metrics is None:
+        return None
+    previous_snapshot, previous_at = _previous_snapshot(history)
+    elapsed = (now - previous_at).total_seconds() if previous_at else 0.0
+    return derive_interval(previous_snapshot, result.metrics, elapsed)
+
+
+def _assess(item: _Work, result: ProbeResult, interval: IntervalStats | None, now: datetime) -> Assessment:
+    """The phase this probe implies, given the stored phase and the recent samples."""
+    status = item.record.status
+    prior = PriorState(phase=status.phase, phase_since=status.phase_since, serving_since=status.serving_since)
+    history = [_point(s) for s in item.history]
+    return assess(result, interval, history, prior, now, item.record.spec.health)
+
+
+def _observation(
+    record: DeploymentRecord,
+    result: ProbeResult,
+    assessment: Assessment,
+    slis: dict[str, float],
+    now: datetime,
+    sample_ttl_days: int,
+) -> _Decision:
+    """The decision before any rule acts: the report and the sample of what the probe saw; no status change yet."""
+    report = DeploymentReport(
+        deployment_id=record.deployment_id,
+        previous=record.status.phase,
+        phase=assessment.phase,
+        probe=result.outcome.value,
+        reason=assessment.reason,
+    )
+    sample = MonitorSample(
+        deployment_id=record.deployment_id,
+        taken_at=now,
+        phase=assessment.phase,
+        probe=result.outcome.value,
+        slis=slis,
+        counters=result.metrics.to_record() if result.metrics is not None else {},
+        detail=_detail(assessment, result),
+        expire_at=now + timedelta(days=sample_ttl_days),
+    )
+    return _Decision(record=record, sample=sample, report=report, new_status=None)
+
+
+def _next_status(
+    record: DeploymentRecord,
+    assessment: Assessment,
+    active: bool,
+    slis: dict[str, float],
+    now: datetime,
+    activity_write_s: float,
+) -> dict[str, Any]:
+    """The status the assessment implies: ``serving_since`` set on first serving, ``last_request_at`` moved under
+    traffic at most every ``activity_write_s``, and the interval's SLIs (or the stored ones when there are none)."""
+    status = record.status
+    serving_since = status.serving_since
+    if assessment.phase in _SERVING_PHASES and serving_since is None:
+        serving_since = now
+    last_request_at = status.last_request_at
+    if active and (last_request_at is None or (now - last_request_at).total_seconds() >= activity_write_s):
+        last_request_at = now
+    return {
+        "phase": assessment.phase,
+        "phase_since": assessment.since,
+        "message": assessment.reason[:2000],
+        "serving_since": serving_since,
+        "last_request_at": last_request_at,
+        "slis": {**slis, "as_of_epoch_s": now.timestamp()} if slis else {**status.slis},
+    }
+
+
+@dataclass
+class _Verdict:
+    """What a healing rule sees, and may change: the decision so far and the status about to be stored."""
+
+    decision: _Decision
+    assessment: Assessment
+    now: datetime
+    new_status: dict[str, Any]
+    action: HealingAction | None
+    active: bool
+    activity_write_s: float
+
+
+def _restart_when_sick_past_grace(verdict: _Verdict) -> bool:
+    """STALLED or DOWN past the grace period: restart vLLM. It then boots again (minutes on TPU), so the record
+    goes BOOTING with a fresh boot budget; the sick status is kept aside in case the command cannot be sent, so
+    the next tick tries again."""
+    if verdict.action != "restart":
+        return False
+    decision, assessment, now = verdict.decision, verdict.assessment, verdict.now
+    record = decision.record
+    decision.unhealed_status = dict(verdict.new_status)
+    decision.events.append(
+        RestartServing(
+            command_id=_command_id(record, "restart", assessment.since),
+            issued_at=now,
+            deployment_id=record.deployment_id,
+            reason=f"{assessment.phase.value} since {assessment.since.isoformat()}: {assessment.reason}"[:500],
+        )
+    )
+    verdict.new_status.update(
+        phase=Phase.BOOTING,
+        phase_since=now,
+        serving_since=None,
+        last_request_at=None,
+        message=f"restart requested: {assessment.reason}"[:2000],
+    )
+    decision.report.phase = Phase.BOOTING
+    return True
+
+
+def _reprovision_when_node_lost(verdict: _Verdict) -> bool:
+    """DOWN on a preempted or terminated node: a restart cannot help, the provisioner must replace the slice.
+    Sent on entering DOWN only; a deployment already DOWN was handed over by an earlier tick."""
+    record = verdict.decision.record
+    if verdict.action != "reprovision" or record.status.phase is Phase.DOWN:
+        return False
+    verdict.decision.events.append(
+        ReconcileTick(
+            command_id=_command_id(record, "reprovision", verdict.assessment.since),
+            issued_at=verdict.now,
+            deployment_id=record.deployment_id,
+            purpose="reconcile",
+        )
+    )
+    return True
+
+
+def _stop_when_idle(verdict: _Verdict) -> bool:
+    """Serving without traffic for ``spec.idle_minutes`` (plus the slack of the lazily written
+    ``last_request_at``): stop or delete it, as the spec says, so an idle slice stops billing."""
+    record = verdict.decision.record
+    idle_phase = verdict.assessment.phase in (Phase.SERVING, Phase.DEGRADED)
+    if not record.spec.idle_minutes or not idle_phase or verdict.active:
+        return False
+    now, last_request_at = verdict.now, verdict.new_status["last_request_at"]
+    serving_since = verdict.new_status["serving_since"]
+    idle_s = idle_for(last_request_at, serving_since, now)
+    if idle_s is not None and idle_s >= record.spec.idle_minutes * 60 + verdict.activity_write_s:
+        verdict.decision.events.append(_idle_command(record, now, last_request_at or serving_since))
+    return True
+
+
+_HEALING_RULES: tuple[Callable[[_Verdict], bool], ...] = (
+    _restart_when_sick_past_grace,
+    _reprovision_when_node_lost,
+    _stop_when_idle,
+)
+"""Tried in order; the first that applies acts and the rest are skipped."""
+
+
+def _idle_command(record: DeploymentRecord, now: datetime, since: datetime | None) -> BaseModel:
+    """``deployment.stop`` or ``deployment.delete`` per ``spec.on_idle``, its id fixed by when idleness began."""
+    command_id = _command_id(record, f"idle-{record.spec.on_idle}", since or now)
+    if record.spec.on_idle == "delete":
+        return DeleteDeployment(
+            command_id=command_id,
+            issued_at=now,
+            deployment_id=record.deployment_id,
+            expected_generation=record.generation,
+        )
+    return StopDeployment(command_id=command_id, issued_at=now, deployment_id=record.deployment_id)
 
 
 def _monitored(record: DeploymentRecord) -> bool:

@@ -2,7 +2,7 @@
 
 The reference material the code was written against lives in ``docs/reference/`` (copied from the team's
 reference folder, which the project never reads). A citation such as ``docs/reference/tpu-api.md §5.4`` must
-resolve: the file exists and has a heading numbered 5.4. A bare ``tpu-api.md`` (a document that is not here)
+resolve: the file exists and has a heading numbered 5.4. A document named without its folder
 is refused, so a newcomer can always follow a citation.
 """
 
