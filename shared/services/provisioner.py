@@ -735,12 +735,24 @@ def _check_generation(record: DeploymentRecord, expected: int | None) -> None:
         )
 
 
+_NO_SERVING_NODE = frozenset(
+    {Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING, Phase.STOPPING, Phase.STOPPED, Phase.DELETING, Phase.FAILED}
+)
+"""Phases with no node serving: entering one forgets ``serving_since``, so the next node's boot is judged as a boot
+(BOOTING, COMPILING), not as an outage of a server that had been up (DOWN) and healed by a restart mid-boot."""
+
+
 def _merge_status(base: DeploymentStatus, ours: DeploymentStatus, fresh: DeploymentStatus) -> DeploymentStatus:
-    """Our fields from ``ours``; the monitor's fields from ``fresh``; phase ours only if we changed it."""
+    """Our fields from ``ours``; the monitor's fields from ``fresh``; phase ours only if we changed it (and then
+    ``serving_since`` forgotten when no node serves any more)."""
+    if ours.phase != base.phase and ours.phase in _NO_SERVING_NODE:
+        ours = ours.model_copy(update={"serving_since": None})
     if fresh == base:
         return ours
     update: dict[str, Any] = {name: getattr(ours, name) for name in _STATUS_FIELDS_OWNED}
     if ours.phase != base.phase:
         update["phase"] = ours.phase
         update["phase_since"] = ours.phase_since
+        if ours.phase in _NO_SERVING_NODE:
+            update["serving_since"] = None
     return fresh.model_copy(update=update)

@@ -149,6 +149,22 @@ class TestStopStart:
         assert len(h.active()) == 1
         h.assert_invariants()
 
+    def test_a_start_boots_as_a_new_node_not_as_an_outage_of_the_old_one(self, harness_factory: HarnessFactory) -> None:
+        """#18: serving_since survived stop and start, so the new node's normal boot was judged DOWN."""
+        h = harness_factory(PLENTY)
+        h.create(zones=ZONES)
+        h.run_until_phase(Phase.BOOTING, minutes=10)
+        served = h.record()
+        status = served.status.model_copy(update={"phase": Phase.SERVING, "serving_since": h.clock.now()})
+        h.store.put_deployment(served.model_copy(update={"status": status}), expected_version=served.version)
+        h.stop()
+        h.run_until_phase(Phase.STOPPED, minutes=10)
+        assert h.record().status.serving_since is None, "nothing serves while stopped"
+        h.start()
+        h.run_until_phase(Phase.BOOTING, minutes=10)
+        # With no serving_since, the monitor judges a silent node against the boot budget (BOOTING), not as DOWN.
+        assert h.record().status.serving_since is None
+
 
 class TestTeardown:
     def test_the_ttl_tears_a_deployment_down(self, harness_factory: HarnessFactory) -> None:
