@@ -183,6 +183,7 @@ def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         idle_minutes=args.idle_minutes,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
+        dtype=args.dtype,
         command_id=args.command_id,
     )
     out.data(accepted, render_accepted)
@@ -236,6 +237,7 @@ def cmd_plan(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         tiers=args.tier,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
+        dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         ttl_hours=args.ttl_hours,
         tokens_per_second=args.tokens_per_second,
@@ -434,6 +436,7 @@ def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting:
     deploy.add_argument("--idle-minutes", type=int)
     deploy.add_argument("--max-model-len", type=int)
     deploy.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
+    deploy.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype (default bfloat16)")
     deploy.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
     deploy.set_defaults(handler=cmd_deploy)
 
@@ -469,6 +472,7 @@ def _add_planning_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     plan.add_argument("--tier", action="append", choices=TIERS, help="tier to price (repeat)")
     plan.add_argument("--max-model-len", type=int)
     plan.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
+    plan.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype (default bfloat16)")
     plan.add_argument("--gpu-memory-utilization", type=float)
     plan.add_argument("--ttl-hours", type=float)
     plan.add_argument("--tokens-per-second", type=float, help="measured output tokens/s, to price 1M tokens")

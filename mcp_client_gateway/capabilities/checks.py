@@ -10,7 +10,9 @@ from typing import Any, get_args
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.errors import GatewayError
-from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Phase, Tier
+from shared.domain.cloud import accelerator_family
+from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Phase, ServingOptions, Tier, region_of
+from shared.domain.zone_catalog import offering_zones
 from shared.ports import LogSeverity, LogSource
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "SEVERITIES",
     "SOURCES",
     "TIERS",
+    "WEIGHT_DTYPES",
     "check_benchmark",
     "checked_reservation_name",
     "hf_token",
@@ -34,6 +37,7 @@ PHASES: tuple[str, ...] = tuple(phase.value for phase in Phase)
 SEVERITIES: tuple[str, ...] = get_args(LogSeverity)
 SOURCES: tuple[str, ...] = get_args(LogSource)
 KV_CACHE_DTYPES = ("auto", "fp8")
+WEIGHT_DTYPES: tuple[str, ...] = get_args(ServingOptions.model_fields["dtype"].annotation)
 ARTIFACT_KINDS = ("startup_script", "gke_manifest", "both")
 DESTRUCTIVE: tuple[str, ...] = ("delete", "stop", "restart")
 _RESERVATION = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -51,10 +55,12 @@ def slice_arguments(
     model: Any, accelerator: Any, zones: Any, tiers: Any
 ) -> tuple[str, str, list[str], list[str] | None]:
     """The model, slice, zones and tiers of a spec, checked (shared by create and plan)."""
+    model = bounds.choice("model", model, MODEL_PRESET_NAMES)
+    accelerator = bounds.choice("accelerator", accelerator, ACCELERATOR_TYPES)
     return (
-        bounds.choice("model", model, MODEL_PRESET_NAMES),
-        bounds.choice("accelerator", accelerator, ACCELERATOR_TYPES),
-        bounds.text_list("zones", zones, max_items=bounds.MAX_ZONES, item=bounds.zone),
+        model,
+        accelerator,
+        _offering(accelerator, bounds.text_list("zones", zones, max_items=bounds.MAX_ZONES, item=bounds.zone)),
         None
         if tiers is None
         else bounds.text_list(
@@ -65,6 +71,32 @@ def slice_arguments(
             item=lambda field, value: bounds.choice(field, value, TIERS),
         ),
     )
+
+
+def _offering(accelerator: str, zones: list[str]) -> list[str]:
+    """``zones``, each one the catalog knows to offer the slice's family (a misspelt zone is refused here rather
+    than failing later in the search); a family the catalog has no list for is not checked."""
+    family = accelerator_family(accelerator)
+    known = offering_zones(family)
+    for index, zone in enumerate(zones):
+        if known and zone not in known:
+            raise GatewayError(
+                "invalid_argument",
+                f"zones[{index}]",
+                f"{zone} is not a zone that offers {family}",
+                f"pick one of {', '.join(nearest_zones(zone, known))} (tpu_list_zones lists them all)",
+            )
+    return zones
+
+
+def nearest_zones(zone: str, known: tuple[str, ...], limit: int = 4) -> list[str]:
+    """The known zones nearest a refused one: its region's, else its geography's (``us-``), else the first few."""
+    region = region_of(zone)
+    for prefix in (f"{region}-", f"{region.split('-', 1)[0]}-"):
+        near = [z for z in known if z.startswith(prefix)]
+        if near:
+            return near[:limit]
+    return list(known[:limit])
 
 
 def checked_reservation_name(value: Any) -> str:

@@ -11,12 +11,13 @@ from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.checks import (
     DESTRUCTIVE,
     KV_CACHE_DTYPES,
+    WEIGHT_DTYPES,
     checked_reservation_name,
     optional,
     slice_arguments,
 )
 from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records, hourly_usd
-from mcp_client_gateway.capabilities.plans import Plans
+from mcp_client_gateway.capabilities.plans import Plans, fit_fixes
 from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
 from mcp_client_gateway.errors import GatewayError
@@ -61,6 +62,7 @@ class Deployments:
         idle_minutes: int | None = None,
         max_model_len: int | None = None,
         kv_cache_dtype: str | None = None,
+        dtype: str | None = None,
         reservation_name: str | None = None,
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
@@ -74,6 +76,7 @@ class Deployments:
         idle_minutes = optional(bounds.integer, "idle_minutes", idle_minutes, bounds.IDLE_MINUTES)
         max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
         kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+        dtype = optional(bounds.choice, "dtype", dtype, WEIGHT_DTYPES)
         valid_until_minutes = optional(
             bounds.integer, "valid_until_minutes", valid_until_minutes, bounds.VALID_UNTIL_MINUTES
         )
@@ -90,7 +93,7 @@ class Deployments:
                 "reservation_name": reservation_name,
                 "valid_until_minutes": valid_until_minutes,
             },
-            {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype},
+            {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype, "dtype": dtype},
             self.ports.settings.boot_budget_s,
         )
         command_id = self.publisher.command_id(command_id)
@@ -118,12 +121,11 @@ class Deployments:
             )
         plan = self.plans.serving_plan(spec)
         if not plan.fits:
-            smaller = f"use {plan.smallest_fitting_slice}" if plan.smallest_fitting_slice else "use a bigger slice"
             raise GatewayError(
                 "failed_precondition",
                 "accelerator",
                 f"{model} does not fit {accelerator}: " + "; ".join(plan.capacity.reasons),
-                f"{smaller}, lower max_model_len, or set kv_cache_dtype='fp8' (tpu_plan_deployment shows the table)",
+                fit_fixes(plan) + " (tpu_plan_deployment shows the table)",
             )
 
     def confirmation_text(self, action: Literal["delete", "stop", "restart"], deployment_id: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from mcp_client_gateway.models import (
 )
 from shared.domain import deployment_progress
 from shared.domain.boot_progress import stage_text
-from shared.domain.models import BootProgress, DeploymentRecord, Phase
+from shared.domain.models import BootProgress, DeploymentRecord, Desired, Phase
 
 __all__ = ["Operations", "deployment_stage"]
 
@@ -193,9 +194,15 @@ class Operations:
             view.next_step = "Poll again in a few seconds."
             return view
         targets = _TARGET_PHASES.get(kind, frozenset())
+        ended = _ended_under(kind, record, status)
+        if ended is not None:
+            view.done = True
+            view.stage = ended
+            if ended != "Deleted":
+                view.next_step = "See tpu_get_deployment for what is left; create or start it again if you want it."
+            return view
         if record is None:
-            view.done = kind == "deployment.delete" and status == "applied"
-            view.stage = "Deleted" if view.done else "Accepted: the deployment record is not written yet"
+            view.stage = "Accepted: the deployment record is not written yet"
             return view
         view.stage = deployment_stage(record, now)
         phase = record.status.phase
@@ -251,6 +258,47 @@ class Operations:
             if isinstance(node, dict) and node:
                 return {str(k): v for k, v in node.items() if isinstance(v, str | int | float | bool) or v is None}
         return None
+
+
+def _verb(kind: str) -> str:
+    return kind.rsplit(".", 1)[-1]
+
+
+def _ended_under(kind: str, record: DeploymentRecord | None, status: str) -> str | None:
+    """Why a command can no longer reach its target phase: the deployment is being (or was) deleted, by a delete
+    or by its TTL or budget, under a pending create, update, start or stop; or stopped under a create or start;
+    or, the command applied, its record is gone. ``None`` while the command may still finish."""
+    if record is None:
+        if status != "applied":
+            return None
+        if kind == "deployment.delete":
+            return "Deleted"
+        return f"Superseded: the deployment no longer exists, so this {_verb(kind)} cannot finish"
+    if kind not in _TARGET_PHASES or kind == "deployment.delete":
+        return None
+    phase = record.status.phase
+    if phase in _TARGET_PHASES[kind]:
+        return None
+    verb = _verb(kind)
+    if phase in (Phase.DELETING, Phase.DELETED) or record.desired is Desired.ABSENT:
+        reason = _teardown_reason(record)
+        done = "was deleted" if phase is Phase.DELETED else "is being deleted"
+        return f"Superseded: the deployment {done} ({reason}) before this {verb} finished"
+    if record.desired is Desired.STOPPED and Phase.SERVING in _TARGET_PHASES[kind]:
+        state = "was stopped" if phase is Phase.STOPPED else "is being stopped"
+        return f"Superseded: the deployment {state} (stop requested) before this {verb} finished"
+    return None
+
+
+def _teardown_reason(record: DeploymentRecord) -> str:
+    """The controller's reason for a teardown (``ttl of 2 h reached``, ``budget of $5.00 reached``, ``delete
+    requested``): the head of its status message, as the planner writes it."""
+    status = record.status
+    if status.phase in (Phase.DELETING, Phase.DELETED):
+        head = re.split(r"[:;]", status.message, maxsplit=1)[0].strip()
+        if head:
+            return _clean(head, 160)
+    return "delete requested" if record.desired is Desired.ABSENT else "torn down"
 
 
 def _resource(ref: Any) -> ResourceView:

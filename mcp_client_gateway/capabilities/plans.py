@@ -10,7 +10,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp_client_gateway import bounds
-from mcp_client_gateway.capabilities.checks import ARTIFACT_KINDS, KV_CACHE_DTYPES, optional, slice_arguments
+from mcp_client_gateway.capabilities.checks import (
+    ARTIFACT_KINDS,
+    KV_CACHE_DTYPES,
+    WEIGHT_DTYPES,
+    optional,
+    slice_arguments,
+)
 from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.models import ArtifactsView, CapacityView, CostView, PlanView
@@ -50,6 +56,7 @@ class Plans:
         tiers: Sequence[str] | None = None,
         max_model_len: int | None = None,
         kv_cache_dtype: str | None = None,
+        dtype: str | None = None,
         gpu_memory_utilization: float | None = None,
         ttl_hours: float | None = None,
         tokens_per_second: float | None = None,
@@ -58,6 +65,7 @@ class Plans:
         model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
         max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
         kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+        dtype = optional(bounds.choice, "dtype", dtype, WEIGHT_DTYPES)
         gpu_memory_utilization = optional(
             bounds.number, "gpu_memory_utilization", gpu_memory_utilization, bounds.GPU_MEMORY_UTILIZATION
         )
@@ -80,6 +88,7 @@ class Plans:
             serving={
                 "max_model_len": max_model_len,
                 "kv_cache_dtype": kv_cache_dtype,
+                "dtype": dtype,
                 "gpu_memory_utilization": gpu_memory_utilization,
             },
         )
@@ -162,7 +171,7 @@ class Plans:
         try:
             return build_serving_plan(spec, self.environment())
         except InvalidMessage as exc:
-            raise GatewayError("invalid_argument", exc.field, exc.problem, exc.fix) from None
+            raise GatewayError("invalid_argument", _tool_field(exc.field), exc.problem, exc.fix) from None
         except PermanentError as exc:
             field = getattr(exc, "field", None)
             raise GatewayError(
@@ -215,3 +224,24 @@ def _capacity_view(capacity: CapacityReport) -> CapacityView:
         kv_tokens=capacity.kv_tokens,
         max_sequences_at_context=capacity.max_sequences_at_context,
     )
+
+
+def _tool_field(field: str | None) -> str | None:
+    """A spec field as the tools name it (``serving.dtype`` is the ``dtype`` parameter)."""
+    return field.removeprefix("serving.") if field in ("serving.dtype", "serving.kv_cache_dtype") else field
+
+
+def fit_fixes(plan: ServingPlan) -> str:
+    """Only the fixes that help this misfit: fp8 weights (or a bigger slice) for weights that do not fit; for a
+    KV pool too small, a shorter context, an fp8 KV cache, and fp8 weights (they leave more HBM to the pool)."""
+    capacity = plan.capacity
+    fixes = [f"use {plan.smallest_fitting_slice}" if plan.smallest_fitting_slice else "use a bigger slice"]
+    weights = any(reason.startswith("weights ") for reason in capacity.reasons)
+    kv = any(reason.startswith("the KV pool") for reason in capacity.reasons)
+    if (weights or kv) and capacity.weight_dtype != "fp8" and "fp8" in plan.preset.weight_dtypes:
+        fixes.append("set dtype='fp8' (fp8 weights)")
+    if kv:
+        fixes.append("lower max_model_len")
+        if capacity.kv_cache_dtype != "fp8":
+            fixes.append("set kv_cache_dtype='fp8'")
+    return ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1]

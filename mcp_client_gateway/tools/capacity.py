@@ -17,6 +17,7 @@ from mcp_client_gateway.tools.common import (
     ModelChoice,
     TierChoice,
     ToolSet,
+    WeightDtypeArg,
     ZonesArg,
     annotations,
     run,
@@ -87,6 +88,7 @@ def _register_plan(tools: ToolSet) -> None:
             Field(description="Context length in tokens.", ge=bounds.MAX_MODEL_LEN[0], le=bounds.MAX_MODEL_LEN[1]),
         ] = None,
         kv_cache_dtype: Annotated[Literal["auto", "fp8"] | None, Field(description="KV cache element type.")] = None,
+        dtype: WeightDtypeArg = None,
         gpu_memory_utilization: Annotated[
             float | None,
             Field(
@@ -120,6 +122,7 @@ def _register_plan(tools: ToolSet) -> None:
                 tiers=tiers,
                 max_model_len=max_model_len,
                 kv_cache_dtype=kv_cache_dtype,
+                dtype=dtype,
                 gpu_memory_utilization=gpu_memory_utilization,
                 ttl_hours=ttl_hours,
                 tokens_per_second=tokens_per_second,

@@ -41,6 +41,7 @@ __all__ = [
     "SeverityChoice",
     "TierChoice",
     "ToolSet",
+    "WeightDtypeArg",
     "ZonesArg",
     "accepted_summary",
     "annotations",
@@ -264,3 +265,11 @@ class ToolSet:
             return fn
 
         return register
+
+
+WeightDtypeArg = Annotated[
+    Literal["bfloat16", "fp8"] | None,
+    Field(
+        description="Weight dtype (default bfloat16); fp8 halves the quantizable weights, leaving HBM to the KV cache."
+    ),
+]

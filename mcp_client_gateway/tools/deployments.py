@@ -22,6 +22,7 @@ from mcp_client_gateway.tools.common import (
     ModelChoice,
     TierChoice,
     ToolSet,
+    WeightDtypeArg,
     ZonesArg,
     accepted_summary,
     annotations,
@@ -103,6 +104,7 @@ def register_create(tools: ToolSet) -> None:
             idle_minutes: IdleMinutesArg = None,
             max_model_len: MaxModelLenArg = None,
             kv_cache_dtype: KvCacheDtypeArg = None,
+            dtype: WeightDtypeArg = None,
             command_id: CommandIdArg = None,
         ) -> Annotated[CallToolResult, CommandAccepted]:
             """Ask the controller to bring a model up on a TPU slice. Publishes deployment.create and returns
@@ -122,6 +124,7 @@ def register_create(tools: ToolSet) -> None:
                     idle_minutes=idle_minutes,
                     max_model_len=max_model_len,
                     kv_cache_dtype=kv_cache_dtype,
+                    dtype=dtype,
                     command_id=command_id,
                 )
             )

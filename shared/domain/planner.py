@@ -65,6 +65,7 @@ from shared.domain.planner_actions import (
 )
 from shared.domain.planner_pass import PlanningPass
 from shared.domain.prices import price_per_chip_hour
+from shared.domain.zone_catalog import offering_zones
 from shared.domain.zone_memory import (
     CloudFailure,
     PriceFn,
@@ -615,7 +616,8 @@ class _Planning(PlanningPass):
                     permanent = False
                     continue
                 until = "until cleared" if entry.until is None else f"until {entry.until:%Y-%m-%d %H:%M}"
-                reasons.append(f"{zone}/{tier.value}: {entry.error_class} {until}")
+                note = _unknown_zone_note(zone, accelerator) if entry.error_class == ErrorClass.PERMISSION else ""
+                reasons.append(f"{zone}/{tier.value}: {entry.error_class} {until}{note}")
                 if entry.until is not None and entry.kind != "unsupported":
                     permanent = False
         if self.status.next_attempt >= self.policy.max_attempts:
@@ -665,6 +667,15 @@ def _winner_of(status: DeploymentStatus, generation: int) -> str | None:
         key=lambda r: (r.active_at is None, r.active_at.timestamp() if r.active_at else 0.0, r.attempt),
     )
     return active[0].name if active else None
+
+
+def _unknown_zone_note(zone: str, accelerator: str) -> str:
+    """The TPU API answers an unknown zone as a denied location (permission); say what it more likely is."""
+    family = accelerator_family(accelerator)
+    known = offering_zones(family)
+    if not known or zone in known:
+        return ""
+    return f" (unknown zone: {zone} is not a zone that offers {family}; check its spelling)"
 
 
 def _int_label(value: str | None, default: int) -> int:

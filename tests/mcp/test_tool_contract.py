@@ -90,6 +90,9 @@ async def test_closed_choices_are_enums_in_the_schema(world: GatewayWorld) -> No
     assert set(tiers) == {tier.value for tier in Tier}
     assert set(schema["model"]["enum"]) == set(MODEL_PRESET_NAMES)
     assert set(schema["accelerator"]["enum"]) == set(ACCELERATOR_TYPES)
+    for name in ("tpu_plan_deployment", "tpu_create_deployment"):  # the weight dtype: the domain's closed set
+        dtype = (await _tools(world))[name].input_schema["properties"]["dtype"]
+        assert dtype["anyOf"][0]["enum"] == ["bfloat16", "fp8"] and dtype["description"]
     phases = (await _tools(world))["tpu_list_deployments"].input_schema["properties"]["phase"]["anyOf"][0]["enum"]
     assert set(phases) == {phase.value for phase in Phase}
 
