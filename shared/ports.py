@@ -433,10 +433,11 @@ class ServingProbe(Protocol):
     """Looks at one vLLM server: ``/health``, ``/v1/models``, ``/version``, ``/metrics`` (parsed).
 
     Never raises for network trouble: refused, timeout, 401 and 5xx come back as outcomes in the result.
-    Sends the API key it was built with to ``/v1/*`` only.
+    Sends an API key to ``/v1/*`` only: ``deployment_id``'s own key (``shared.domain.serving_key``) when one is
+    named, else the key it was built with (a vLLM reached directly, not through a serving proxy).
     """
 
-    async def probe(self, base_url: str) -> ProbeResult: ...
+    async def probe(self, base_url: str, deployment_id: str | None = None) -> ProbeResult: ...
 
 
 @dataclass(frozen=True)

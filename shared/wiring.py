@@ -226,8 +226,8 @@ class Runtime:
 
     @cached_property
     def monitor(self) -> Monitor:
-        """The monitor service on this runtime's ports, probing with the vLLM API key from the secret store and
-        reading booting nodes' progress through the TPU port."""
+        """The monitor service on this runtime's ports, probing each deployment with its own vLLM API key (derived
+        from the master in the secret store) and reading booting nodes' progress through the TPU port."""
         from shared.adapters.vllm_probe import VllmProbe
         from shared.services.monitor import Monitor, MonitorSettings
 

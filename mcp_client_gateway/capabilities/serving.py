@@ -13,7 +13,8 @@ from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import ErrorCode, HealthCheck, HealthReport, QueryResult
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import DeploymentRecord, Phase
-from shared.logging import redact
+from shared.domain.serving_key import deployment_api_key
+from shared.logging import redact, register_secret
 from shared.ports import EndpointAccessError, EndpointTarget, ModelChatRequest, ModelClient
 
 __all__ = ["Serving"]
@@ -91,7 +92,7 @@ class Serving:
                 deployment_id=deployment_id, endpoint=None, healthy=False, phase=phase.value, checks=checks, models=[]
             )
         client = self._model_client()
-        api_key = self._vllm_api_key()
+        api_key = self._vllm_api_key(deployment_id)
         url = self._endpoint_url(record)
         try:
             probe = client.check(url, api_key, timeout_s=5.0)
@@ -160,7 +161,7 @@ class Serving:
             messages=messages,
             max_tokens=max_tokens,
             temperature=temperature,
-            api_key=self._vllm_api_key(),
+            api_key=self._vllm_api_key(record.deployment_id),
             timeout_s=timeout_s,
         )
         try:
@@ -211,5 +212,12 @@ class Serving:
             raise GatewayError("unavailable", None, "no model client is configured", "")
         return self.ports.model_client
 
-    def _vllm_api_key(self) -> str | None:
-        return self.ports.secrets.get(self.ports.settings.vllm_api_key_secret)
+    def _vllm_api_key(self, deployment_id: str) -> str | None:
+        """``deployment_id``'s own key (what its serving proxy takes), derived from the stored master; None
+        without a master."""
+        master = self.ports.secrets.get(self.ports.settings.vllm_api_key_secret)
+        if not master:
+            return None
+        key = deployment_api_key(master, deployment_id)
+        register_secret(key)
+        return key

@@ -6,7 +6,9 @@ speaks HTTP to vLLM for the monitor; everything it returns is a domain value (:c
 
 * Network trouble never raises: it becomes an :class:`EndpointCheck` with a :class:`ProbeOutcome`.
 * The API key (if any) goes only to ``/v1/*`` as ``Authorization: Bearer``; ``/health``, ``/metrics`` and
-  ``/version`` are open even with ``--api-key``. The key is registered for log redaction and never printed.
+  ``/version`` are open even with ``--api-key``. The probe is built with the master key and sends each deployment
+  its own key (``shared.domain.serving_key``: what that deployment's serving proxy takes); both are registered for
+  log redaction and never printed.
 * ``/metrics`` is fetched with a plain ``Accept`` (no OpenMetrics negotiation). Before parsing, lines of families
   the derivations do not use (``cache_config_info`` with its 37 labels, ``python_*``, ...) are dropped; the
   remaining text goes through ``prometheus_client.parser.text_string_to_metric_families`` unchanged.
@@ -27,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.domain.health import EndpointCheck, ProbeOutcome, ProbeResult
 from shared.domain.metrics import COUNT_ONLY_FAMILIES, WANTED_FAMILIES, MetricsSnapshot, snapshot_from_samples
+from shared.domain.serving_key import deployment_api_key
 from shared.logging import register_secret
 
 __all__ = ["VllmProbe", "parse_metrics", "relevant_metric_lines"]
@@ -104,7 +107,8 @@ class VllmProbe:
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeout_s, connect_timeout_s: must be > 0 seconds")
         register_secret(api_key)
-        self._api_key = api_key or None
+        self._api_key = api_key or None  # the master: each deployment's own key is derived from it
+        self._derived: dict[str, str] = {}
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._version_ttl_s = version_ttl_s
         self._versions: dict[str, tuple[float, str]] = {}
@@ -125,15 +129,16 @@ class VllmProbe:
             trust_env=False,
         )
 
-    async def probe(self, base_url: str) -> ProbeResult:
-        """Probe one server. ``/health`` first; the other three only when it answered 200."""
+    async def probe(self, base_url: str, deployment_id: str | None = None) -> ProbeResult:
+        """Probe one server. ``/health`` first; the other three only when it answered 200. ``/v1/models`` gets
+        ``deployment_id``'s own key (what its serving proxy takes), or the key itself when none is named."""
         base = base_url.rstrip("/")
         async with self._client() as client:
             health, _ = await _get(client, base, "/health")
             if health.outcome is not ProbeOutcome.OK:
                 return ProbeResult(base_url=base, health=health)
             # One after the other on the kept-alive connection: the tick already probes many servers at once.
-            models, models_body = await _get(client, base, "/v1/models", self._auth())
+            models, models_body = await _get(client, base, "/v1/models", self._auth(deployment_id))
             metrics_check, metrics_text = await _get(client, base, "/metrics")
             version = await self._version(client, base)
         served, max_model_len = _read_models(models_body) if models.outcome is ProbeOutcome.OK else ((), None)
@@ -158,8 +163,16 @@ class VllmProbe:
             metrics=snapshot,
         )
 
-    def _auth(self) -> dict[str, str] | None:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+    def _auth(self, deployment_id: str | None) -> dict[str, str] | None:
+        if not self._api_key:
+            return None
+        if deployment_id is None:
+            return {"Authorization": f"Bearer {self._api_key}"}
+        key = self._derived.get(deployment_id)
+        if key is None:
+            key = self._derived[deployment_id] = deployment_api_key(self._api_key, deployment_id)
+            register_secret(key)
+        return {"Authorization": f"Bearer {key}"}
 
     async def _version(self, client: httpx.AsyncClient, base: str) -> str | None:
         cached = self._versions.get(base)

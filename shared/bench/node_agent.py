@@ -719,14 +719,18 @@ def main() -> int:
     from shared.adapters.docker_engine import DockerEngineContainer
     from shared.bench.datasets import find_tokenizer_file
     from shared.config import get_settings
+    from shared.domain.serving_key import deployment_api_key
     from shared.logging import configure_logging, register_secret
     from shared.wiring import Runtime
 
     settings = get_settings()
     configure_logging(settings.log_level)
     agent_settings = NodeAgentSettings()
-    api_key = _read_key(agent_settings.node_api_key_file)
+    api_key = _read_key(agent_settings.node_api_key_file)  # the master, as vLLM was started with it
     register_secret(api_key)
+    # The serving port (the serving proxy) takes only this deployment's own key, derived from the master.
+    serving_key = deployment_api_key(api_key, agent_settings.deployment_id) if api_key else None
+    register_secret(serving_key)
     event_key = read_event_key()
     register_secret(event_key)
     journal_dir = _journal_dir(settings, agent_settings)
@@ -741,7 +745,7 @@ def main() -> int:
         node_name=agent_settings.node_name,
         journal=RunJournal(journal_dir),
         runner=VllmRunner(
-            Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=api_key),
+            Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=serving_key),
             tokenizer_file=tokenizer,
         ),
         clock=runtime.clock,  # the simulator's virtual time in the local cloud, wall time on a VM

@@ -8,17 +8,22 @@ the startup script in a container of its own on the VM's network) is what the se
 
 * only the method and path pairs of :data:`ROUTES` pass, compared exactly (no query string, no normalisation): any
   other path is 404 and another method on a known path 405, before anything reaches vLLM;
-* every route but ``GET /health``, ``/metrics`` and ``/version`` needs ``Authorization: Bearer <key>``: the key is
-  read from a file (never argv or the environment) and compared in constant time (SHA-256 of both sides, then
-  ``hmac.compare_digest``), 401 otherwise. The three open ones are what the monitor probes without the key
-  (``shared/adapters/vllm_probe.py`` sends it to ``/v1/*`` only); they take no body and change nothing;
+* every route but ``GET /health``, ``/metrics`` and ``/version`` needs ``Authorization: Bearer <key>`` with this
+  deployment's own key (``--deployment-id``): :func:`shared.domain.serving_key.deployment_api_key` of the master key,
+  which is read from a file (never argv or the environment), the same file vLLM is started with. The offered key is
+  compared in constant time (SHA-256 of both sides, then ``hmac.compare_digest``), 401 otherwise: the master itself
+  and another deployment's key are refused here. The three open ones are what the monitor probes without a key
+  (``shared/adapters/vllm_probe.py`` sends one to ``/v1/*`` only); they take no body and change nothing;
+* the caller's ``Authorization`` never reaches vLLM: a keyed route is forwarded with ``Bearer <master>``, so vLLM's
+  own check under ``/v1`` passes, and an open route with none;
 * a request head is at most 16 KiB and 100 header lines and must arrive within 30 s; a body needs a
   ``Content-Length`` no larger than ``--max-body-bytes`` (413; a chunked request body is 411) and must arrive
   within 60 s. The caller's forwarding headers are dropped and replaced by its real address;
 * the answer streams back as vLLM writes it (server-sent events are never held back), one request per connection;
 * while vLLM is not listening (starting, restarting, crashed) a connection is closed without an answer, as the
   closed port was before: the monitor tells "not up" from "engine dead" (a 5xx on ``/health``) by that;
-* no header is ever logged: a line names the method, the path, the status and the caller's address;
+* no header is ever logged (both keys are registered for redaction): a line names the method, the path, the status
+  and the caller's address;
 * vLLM's access log is the one the node agent ships to Cloud Logging, so a ``/v1`` request refused here is
   reported to vLLM as what it was, at most 10 a second: the same method and path, no key, no body, no header of
   the caller's, and vLLM writes its own 401 line for it. Nothing else of a refused request reaches vLLM.
@@ -42,6 +47,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from shared.domain.models import DEPLOYMENT_ID_PATTERN
+from shared.domain.serving_key import deployment_api_key
 from shared.logging import configure_logging, register_secret, scrub_untrusted
 
 __all__ = [
@@ -59,7 +66,7 @@ log = logging.getLogger("tpuctl.serving_proxy")
 
 class Access(StrEnum):
     OPEN = "open"  # the monitor probes it without the key
-    KEY = "key"  # Authorization: Bearer <key>
+    KEY = "key"  # Authorization: Bearer <this deployment's key>
 
 
 ROUTES: Mapping[tuple[str, str], Access] = {
@@ -102,6 +109,7 @@ _DROPPED_REQUEST = frozenset(
         "x-forwarded-host",
         "x-forwarded-proto",
         "x-real-ip",
+        "authorization",  # the proxy sets its own: the master on a keyed route, none on an open one
     }
 )
 _DROPPED_RESPONSE = frozenset({"connection", "keep-alive", "proxy-connection"})
@@ -234,12 +242,16 @@ class _Budget:
 
 
 class ServingProxy:
-    """Key-checking, allow-listing reverse proxy from a TCP port to vLLM's unix socket (asyncio, one loop)."""
+    """Key-checking, allow-listing reverse proxy from a TCP port to vLLM's unix socket (asyncio, one loop).
+
+    ``master_key`` is what vLLM was started with; callers must offer ``deployment_api_key(master_key,
+    deployment_id)``, and the proxy forwards a keyed request to vLLM with the master in their stead."""
 
     def __init__(
         self,
         *,
-        api_key: str,
+        master_key: str,
+        deployment_id: str,
         upstream_socket: Path,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         head_timeout_s: float = 30.0,
@@ -248,9 +260,13 @@ class ServingProxy:
         max_connections: int = 512,
         reports_per_s: float = 10.0,
     ) -> None:
-        if not api_key:
-            raise ValueError("api_key: an empty key would let anyone in")
-        self._key_digest = hashlib.sha256(api_key.encode("utf-8")).digest()
+        if not master_key:
+            raise ValueError("master_key: an empty key would let anyone in")
+        if not re.fullmatch(DEPLOYMENT_ID_PATTERN, deployment_id):
+            raise ValueError(f"deployment_id: {deployment_id!r} does not match {DEPLOYMENT_ID_PATTERN}")
+        self._key_digest = hashlib.sha256(deployment_api_key(master_key, deployment_id).encode("utf-8")).digest()
+        self._upstream_auth = f"Bearer {master_key}"
+        self.deployment_id = deployment_id
         self._socket = str(upstream_socket)
         self._max_body = max_body_bytes
         self._head_timeout_s = head_timeout_s
@@ -262,7 +278,10 @@ class ServingProxy:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
-        return f"ServingProxy(upstream=unix:{self._socket}, max_body_bytes={self._max_body})"
+        return (
+            f"ServingProxy(deployment_id={self.deployment_id}, upstream=unix:{self._socket}, "
+            f"max_body_bytes={self._max_body})"
+        )
 
     @property
     def upstream(self) -> str:
@@ -273,7 +292,7 @@ class ServingProxy:
         return await asyncio.start_server(self._serve, host, port, limit=_HEAD_LIMIT, reuse_address=True)
 
     def authorized(self, request_headers: Sequence[str]) -> bool:
-        """True when exactly one ``Authorization: Bearer <key>`` carries the key (constant-time compare)."""
+        """True when exactly one ``Authorization: Bearer <key>`` carries this deployment's key (constant-time)."""
         if len(request_headers) != 1:
             return False
         scheme, _, token = request_headers[0].partition(" ")
@@ -327,7 +346,7 @@ class ServingProxy:
             await self._answer(writer, refused.status, refused.reason, allow=refused.allow)
             await self._linger(reader, writer)
             return
-        await self._forward(request, body, writer, peer)
+        await self._forward(request, body, writer, peer, self._upstream_auth if access is Access.KEY else None)
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Half-close, then read and drop what the caller still sends (2 s at most): closing a socket with unread
@@ -357,7 +376,9 @@ class ServingProxy:
         except TimeoutError:
             raise _Refusal(408, "the request body did not arrive in time") from None
 
-    async def _forward(self, request: _Request, body: bytes, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _forward(
+        self, request: _Request, body: bytes, writer: asyncio.StreamWriter, peer: str, authorization: str | None
+    ) -> None:
         try:
             upstream_reader, upstream_writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(self._socket, limit=_RESPONSE_HEAD_LIMIT), self._connect_timeout_s
@@ -367,7 +388,7 @@ class ServingProxy:
             log.warning("vLLM is not answering on %s (%s); %s closed unanswered", self._socket, exc, peer)
             return
         try:
-            upstream_writer.write(_upstream_head(request, len(body), peer) + body)
+            upstream_writer.write(_upstream_head(request, len(body), peer, authorization) + body)
             await upstream_writer.drain()
             try:
                 head = await upstream_reader.readuntil(b"\r\n\r\n")
@@ -438,7 +459,7 @@ class ServingProxy:
             writer.close()
 
 
-def _upstream_head(request: _Request, length: int, peer: str) -> bytes:
+def _upstream_head(request: _Request, length: int, peer: str, authorization: str | None) -> bytes:
     named_hop = {
         name.strip().lower() for value in request.values("connection") for name in value.split(",") if name.strip()
     }
@@ -450,6 +471,8 @@ def _upstream_head(request: _Request, length: int, peer: str) -> bytes:
     ]
     if not request.values("host"):
         lines.append("Host: localhost")
+    if authorization is not None:
+        lines.append(f"Authorization: {authorization}")
     lines += [f"X-Forwarded-For: {peer}", "Connection: close"]
     if length or request.method == "POST":
         lines.append(f"Content-Length: {length}")
@@ -485,6 +508,12 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _deployment_id(text: str) -> str:
+    if not re.fullmatch(DEPLOYMENT_ID_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a deployment id ({DEPLOYMENT_ID_PATTERN})")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m shared.bench.serving_proxy",
@@ -492,7 +521,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--listen", type=_listen_address, required=True, help="HOST:PORT, e.g. 0.0.0.0:8000")
     parser.add_argument("--upstream-socket", type=Path, required=True, help="vLLM's unix socket (vllm serve --uds)")
-    parser.add_argument("--key-file", type=Path, required=True, help="file holding the API key (never argv)")
+    parser.add_argument("--key-file", type=Path, required=True, help="file holding the master API key (never argv)")
+    parser.add_argument(
+        "--deployment-id", type=_deployment_id, required=True, help="the deployment whose derived key is accepted"
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -504,7 +536,7 @@ async def _run(proxy: ServingProxy, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # as process 1 of a container, SIGTERM needs a handler
     server = await proxy.start(host, port)
-    log.info("serving proxy on %s:%d for unix:%s", host, port, proxy.upstream)
+    log.info("serving proxy on %s:%d for unix:%s (deployment %s)", host, port, proxy.upstream, proxy.deployment_id)
     async with server:
         await stop.wait()
     log.info("serving proxy stopped")
@@ -520,8 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s: not serving without it", exc)
         return EXIT_NO_KEY
     register_secret(key)
+    register_secret(deployment_api_key(key, args.deployment_id))
     host, port = args.listen
-    proxy = ServingProxy(api_key=key, upstream_socket=args.upstream_socket, max_body_bytes=args.max_body_bytes)
+    proxy = ServingProxy(
+        master_key=key,
+        deployment_id=args.deployment_id,
+        upstream_socket=args.upstream_socket,
+        max_body_bytes=args.max_body_bytes,
+    )
     asyncio.run(_run(proxy, host, port))
     return 0
 

@@ -315,8 +315,9 @@ start_vllm() {
 }
 
 # The serving proxy (python -m shared.bench.serving_proxy, from the node-agent bundle) is the serving port: it
-# forwards an allow-list of methods and paths to vLLM's socket, checks the API key (read from the same mounted file
-# as vLLM's) on all but /health, /metrics and /version, bounds request bodies and streams answers back.
+# forwards an allow-list of methods and paths to vLLM's socket, checks this deployment's own API key (derived from
+# the master in the same mounted file as vLLM's) on all but /health, /metrics and /version, bounds request bodies
+# and streams answers back.
 start_serving_proxy() {
   docker rm -f "${PROXY_CONTAINER}" >/dev/null 2>&1 || true
   docker run -d --name "${PROXY_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
@@ -324,7 +325,7 @@ start_serving_proxy() {
     -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${SOCKET_DIR}:${CONTAINER_SOCKET_DIR}" \
     --env PYTHONPATH=/opt/tpuctl/lib --entrypoint python3 "${IMAGE}" -m "${PROXY_MODULE}" \
     --listen "${SERVING_LISTEN}" --upstream-socket "${CONTAINER_SOCKET}" \
-    --key-file "${CONTAINER_KEY_DIR}/vllm-api-key" >/dev/null
+    --key-file "${CONTAINER_KEY_DIR}/vllm-api-key" --deployment-id "${DEPLOYMENT_ID}" >/dev/null
   progress starting "serving proxy on ${SERVING_LISTEN}"
 }
 

@@ -289,7 +289,9 @@ class Monitor:
             async with gate:
                 started = self.clock.monotonic()
                 try:
-                    item.result = await asyncio.wait_for(self.probe.probe(endpoint), self.settings.probe_timeout_s)
+                    item.result = await asyncio.wait_for(
+                        self.probe.probe(endpoint, item.record.deployment_id), self.settings.probe_timeout_s
+                    )
                 except TimeoutError:
                     waited = self.clock.monotonic() - started
                     check = EndpointCheck(ProbeOutcome.TIMEOUT, None, waited, "probe exceeded its overall bound")

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.adapters.vllm_probe import VllmProbe, parse_metrics, relevant_metric_lines
 from shared.domain.health import ProbeOutcome, ProbeResult
 from shared.domain.metrics import snapshot_from_samples
+from shared.domain.serving_key import deployment_api_key
 from shared.logging import redact
 from tests.support.vllm_replay import ReplayVllm, real_metrics_text
 from tests.support.vllm_server import free_loopback_port
@@ -133,6 +134,17 @@ class TestApiKey:
         assert sent == {"/health": False, "/v1/models": True, "/version": False, "/metrics": False}
         assert KEY not in repr(probe)
         assert KEY not in redact(f"header Bearer {KEY}")
+
+    def test_a_named_deployment_gets_its_own_derived_key_not_the_master(self) -> None:
+        probe = VllmProbe(api_key=KEY)  # the master
+        own = deployment_api_key(KEY, "gemma-a")
+        with ReplayVllm(api_key=own) as server:  # gemma-a's serving proxy takes gemma-a's key only
+            mine = asyncio.run(probe.probe(server.base_url("k"), "gemma-a"))
+            other = asyncio.run(probe.probe(server.base_url("k"), "gemma-b"))
+            master = asyncio.run(probe.probe(server.base_url("k")))
+        assert mine.outcome is ProbeOutcome.OK
+        assert other.outcome is ProbeOutcome.UNAUTHORIZED and master.outcome is ProbeOutcome.UNAUTHORIZED
+        assert own not in repr(probe) and own not in redact(f"header Bearer {own}")
 
     def test_nonsense_timeouts_are_refused_with_the_field_name(self) -> None:
         with pytest.raises(ValueError, match="timeout_s"):

@@ -21,10 +21,13 @@ from mcp_client_gateway.cli import EXIT_OK, EXIT_REFUSED, build_parser, run
 from mcp_client_gateway.composition import build_ports
 from shared.adapters.iap_tunnel import IapTunnels, tpu_vm_instance
 from shared.config import Settings
+from shared.domain.serving_key import deployment_api_key
 from shared.ports import TpuApi
 from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
 from tests.support.fake_gcloud import FakeGcloud, FakeTpuGuestAttributes, install_fake_gcloud, wait_gone
 from tests.support.openai_stub import StubConfig, StubServer, serve_openai_stub
+
+SERVING_KEY = deployment_api_key(API_KEY, "gemma-a")  # what gemma-a's serving proxy takes
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +44,7 @@ def gcloud(tmp_path: Path) -> FakeGcloud:
 
 @pytest.fixture
 def vllm() -> Iterator[StubServer]:
-    with serve_openai_stub(StubConfig(api_key=API_KEY)) as stub:
+    with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:
         yield stub
 
 
@@ -97,12 +100,12 @@ class TestThroughTheTunnel:
         assert not health.is_error, text(health)
         assert health.structured_content["healthy"] is True
         assert health.structured_content["endpoint"] == RECORDED, "the report names the VM's endpoint"
-        assert [h["Authorization"] for h in vllm.headers] == [f"Bearer {API_KEY}"] * 2  # query and 1-token check
+        assert [h["Authorization"] for h in vllm.headers] == [f"Bearer {SERVING_KEY}"] * 2  # query, 1-token check
         (run_of_gcloud,) = gcloud.calls()  # one tunnel for both tools
         assert run_of_gcloud["argv"][4].startswith("--local-host-port=127.0.0.1:")
         assert run_of_gcloud["argv"][:4] == ["compute", "start-iap-tunnel", HOSTNAME, "8000"]
         assert run_of_gcloud["argv"][5:] == [f"--zone={ZONE}", "--project=tpuctl-test-1"]
-        for secret in (API_KEY, HF_TOKEN):
+        for secret in (API_KEY, SERVING_KEY, HF_TOKEN):
             assert secret not in json.dumps(run_of_gcloud), "no secret in the child's argv or environment"
             assert secret not in text(query) + text(health)
 

@@ -10,8 +10,11 @@ import pytest
 from mcp import Client
 
 from shared.domain.models import MonitorSample, Phase
+from shared.domain.serving_key import deployment_api_key
 from tests.mcp.conftest import API_KEY, GatewayWorld
 from tests.support.openai_stub import StubConfig, serve_openai_stub
+
+SERVING_KEY = deployment_api_key(API_KEY, "gemma-a")  # gemma-a's own key, derived from the stored master
 
 pytestmark = pytest.mark.anyio
 
@@ -40,7 +43,7 @@ class TestQuery:
         self, world: GatewayWorld
     ) -> None:
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
-        config = StubConfig(api_key=API_KEY, first_token_delay_s=0.15, usage_completion_tokens=12)
+        config = StubConfig(api_key=SERVING_KEY, first_token_delay_s=0.15, usage_completion_tokens=12)
         with serve_openai_stub(config) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
             result = await call(
@@ -56,7 +59,7 @@ class TestQuery:
         sent = stub.requests[0]
         assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
         assert sent["max_tokens"] == 8 and sent["messages"][-1] == {"role": "user", "content": "Hello?"}
-        assert stub.headers[0]["Authorization"] == f"Bearer {API_KEY}"
+        assert stub.headers[0]["Authorization"] == f"Bearer {SERVING_KEY}", "the deployment's key, not the master"
 
     async def test_decode_rate_uses_the_time_between_first_and_last_token(self, world: GatewayWorld) -> None:
         config = StubConfig(first_token_delay_s=0.2, token_interval_s=0.02, usage_completion_tokens=8)
@@ -70,11 +73,19 @@ class TestQuery:
 
     async def test_a_wrong_api_key_is_reported_as_permission_denied(self, world: GatewayWorld) -> None:
         world.secrets.put(world.settings.vllm_api_key_secret, "a-different-key-000000")
-        with serve_openai_stub(StubConfig(api_key=API_KEY)) as stub:
+        with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
             result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.is_error and "[permission_denied]" in text(result)
         assert "a-different-key" not in text(result)
+
+    async def test_each_deployment_is_called_with_its_own_key(self, world: GatewayWorld) -> None:
+        world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
+        with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:  # gemma-a's port: gemma-a's key only
+            world.seed("gemma-b", endpoint=stub.base_url)
+            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-b", "prompt": "Hi"})
+        assert result.is_error and "[permission_denied]" in text(result), "gemma-b's key opens only gemma-b"
+        assert not stub.headers, "nothing reached the model"
 
     async def test_a_deployment_that_is_not_serving_is_refused(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.BOOTING)
@@ -103,7 +114,7 @@ class TestQuery:
 class TestHealth:
     async def test_a_healthy_endpoint_passes_every_check(self, world: GatewayWorld) -> None:
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
-        with serve_openai_stub(StubConfig(api_key=API_KEY)) as stub:
+        with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
             result = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
         assert not result.is_error, text(result)

@@ -17,6 +17,7 @@ import pytest
 from mcp import Client
 
 from shared.domain.models import NodeTask
+from shared.domain.serving_key import deployment_api_key
 from shared.logging import configure_logging
 from shared.messages import new_command_id
 from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
@@ -24,7 +25,8 @@ from tests.support.openai_stub import StubConfig, serve_openai_stub
 
 pytestmark = pytest.mark.anyio
 
-SECRETS = (HF_TOKEN, API_KEY)
+SERVING_KEY = deployment_api_key(API_KEY, "gemma-a")  # what the gateway sends gemma-a
+SECRETS = (HF_TOKEN, API_KEY, SERVING_KEY)
 TAIL_CANARY = "hf_" + "TailCanary" + "7" * 20  # token-shaped, never registered: only the pattern can catch it
 
 
@@ -73,7 +75,9 @@ async def test_no_result_and_no_log_line_carries_a_secret(
     caplog.set_level(logging.DEBUG)
     results: list[str] = []
     try:
-        reply = StubConfig(api_key=API_KEY, reply_text=["the key is ", API_KEY, " and the token ", HF_TOKEN])
+        reply = StubConfig(
+            api_key=SERVING_KEY, reply_text=["the key is ", API_KEY, " or ", SERVING_KEY, " and the token ", HF_TOKEN]
+        )
         with serve_openai_stub(reply) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
             tail_id = _stored_tail(world)

@@ -27,8 +27,12 @@ import httpx
 import pytest
 
 from shared.bench.serving_proxy import EXIT_NO_KEY, ROUTES, Access, ServingProxy
+from shared.domain.serving_key import deployment_api_key
 
-KEY = "sk-proxy-test-key-0123456789"
+MASTER = "sk-proxy-test-master-0123456789"  # what vLLM is started with (the key file)
+DEPLOYMENT = "gemma-a"
+KEY = deployment_api_key(MASTER, DEPLOYMENT)  # what this deployment's clients send
+OTHER = deployment_api_key(MASTER, "gemma-b")  # another deployment's key
 WRONG = "sk-wrong-key-9876543210abc"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,7 +162,11 @@ def _run_proxy(proxy: ServingProxy) -> Iterator[Running]:
 
 @pytest.fixture
 def proxy(upstream: Upstream) -> Iterator[Running]:
-    yield from _run_proxy(ServingProxy(api_key=KEY, upstream_socket=upstream.socket_path, max_body_bytes=4096))
+    yield from _run_proxy(
+        ServingProxy(
+            master_key=MASTER, deployment_id=DEPLOYMENT, upstream_socket=upstream.socket_path, max_body_bytes=4096
+        )
+    )
 
 
 def _auth(key: str = KEY) -> dict[str, str]:
@@ -242,6 +250,8 @@ class TestKey:
         [
             {},
             {"Authorization": f"Bearer {WRONG}"},
+            {"Authorization": f"Bearer {MASTER}"},
+            {"Authorization": f"Bearer {OTHER}"},
             {"Authorization": f"Basic {KEY}"},
             {"Authorization": KEY},
             {"Authorization": f"Bearer {KEY}x"},
@@ -282,13 +292,30 @@ class TestKey:
         assert httpx.get(proxy.url + "/v1/models", headers=_auth("short"), timeout=5).status_code == 401
         assert calls == [(32, 32), (32, 32)], "SHA-256 of both sides, so not even the length is compared early"
 
-    def test_the_key_goes_on_to_vllm_which_checks_it_too(self, proxy: Running, upstream: Upstream) -> None:
-        httpx.get(proxy.url + "/v1/models", headers=_auth(), timeout=5)
-        assert upstream.seen[0].headers["Authorization"] == f"Bearer {KEY}"
+    def test_the_deployment_key_is_derived_from_the_master_and_the_deployment(self) -> None:
+        assert KEY != OTHER and KEY != MASTER and len(KEY) == 64
+        expected = hmac.new(MASTER.encode(), b"tpuctl vllm api key v1\x00" + DEPLOYMENT.encode(), "sha256")
+        assert expected.hexdigest() == KEY, "HMAC-SHA256 of the master over the context and the deployment id"
+        with pytest.raises(ValueError, match="master"):
+            deployment_api_key("", DEPLOYMENT)
+
+    def test_vllm_gets_the_master_in_place_of_the_callers_key(self, proxy: Running, upstream: Upstream) -> None:
+        assert httpx.get(proxy.url + "/v1/models", headers=_auth(), timeout=5).status_code == 200
+        assert httpx.post(proxy.url + "/tokenize", json={"prompt": "x"}, headers=_auth(), timeout=5).status_code == 200
+        assert [seen.headers["Authorization"] for seen in upstream.seen] == [f"Bearer {MASTER}"] * 2
+
+    def test_an_open_route_reaches_vllm_with_no_key_at_all(self, proxy: Running, upstream: Upstream) -> None:
+        assert httpx.get(proxy.url + "/health", headers=_auth(), timeout=5).status_code == 200
+        assert "Authorization" not in upstream.seen[0].headers
 
     def test_an_empty_key_is_refused_at_construction(self, tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="empty key"):
-            ServingProxy(api_key="", upstream_socket=tmp_path / "s")
+            ServingProxy(master_key="", deployment_id=DEPLOYMENT, upstream_socket=tmp_path / "s")
+
+    @pytest.mark.parametrize("deployment_id", ["", "Gemma-A", "a", "gemma a", "gemma-a\n", "-gemma"])
+    def test_a_malformed_deployment_id_is_refused_at_construction(self, tmp_path: Path, deployment_id: str) -> None:
+        with pytest.raises(ValueError, match="deployment_id"):
+            ServingProxy(master_key=MASTER, deployment_id=deployment_id, upstream_socket=tmp_path / "s")
 
 
 class TestRefusalReport:
@@ -406,7 +433,9 @@ class TestStreaming:
 
 class TestUpstreamDown:
     def test_without_vllm_the_connection_closes_unanswered_as_a_closed_port_would(self, tmp_path: Path) -> None:
-        gen = _run_proxy(ServingProxy(api_key=KEY, upstream_socket=tmp_path / "absent.sock"))
+        gen = _run_proxy(
+            ServingProxy(master_key=MASTER, deployment_id=DEPLOYMENT, upstream_socket=tmp_path / "absent.sock")
+        )
         running = next(gen)
         try:
             with pytest.raises(httpx.RemoteProtocolError):
@@ -423,44 +452,51 @@ class TestLogs:
         caplog.set_level(logging.DEBUG)
         httpx.get(proxy.url + "/v1/models", headers=_auth(), timeout=5)
         httpx.get(proxy.url + "/v1/models", headers=_auth(WRONG), timeout=5)
+        httpx.get(proxy.url + "/v1/models", headers=_auth(MASTER), timeout=5)
+        httpx.get(proxy.url + "/v1/models", headers=_auth(OTHER), timeout=5)
         httpx.post(proxy.url + "/v1/load_lora_adapter", headers=_auth(WRONG), json={}, timeout=5)
         _raw(proxy.port, f"GET /health HTTP/1.1\r\nAuthorization: Bearer {WRONG}\r\n folded\r\n\r\n".encode())
         text = caplog.text
         assert "refused GET /v1/models from 127.0.0.1:" in text and "401" in text
         assert "refused POST /v1/load_lora_adapter" in text
         assert KEY not in text and WRONG not in text and "Authorization" not in text
+        assert MASTER not in text and OTHER not in text
 
     def test_the_entry_point_reads_the_key_from_a_file_and_never_prints_it(
         self, upstream: Upstream, tmp_path: Path
     ) -> None:
         key_file = tmp_path / "vllm-api-key"
-        key_file.write_text(KEY + "\n")
+        key_file.write_text(MASTER + "\n")
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         argv = [sys.executable, "-m", "shared.bench.serving_proxy", "--listen", f"127.0.0.1:{port}"]
         argv += ["--upstream-socket", str(upstream.socket_path), "--key-file", str(key_file)]
+        argv += ["--deployment-id", DEPLOYMENT]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
         try:
             _wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 20)
             assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(), timeout=5).status_code == 200
             assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(WRONG), timeout=5).status_code == 401
-            assert KEY not in Path(f"/proc/{process.pid}/cmdline").read_text()
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=_auth(MASTER), timeout=5).status_code == 401
+            keyed = [seen.headers.get("Authorization") for seen in upstream.seen if seen.path == "/v1/models"]
+            assert keyed[0] == f"Bearer {MASTER}" and not any(keyed[1:]), "refusals reported without a key"
+            assert MASTER not in Path(f"/proc/{process.pid}/cmdline").read_text()
         finally:
             process.terminate()
             out, err = process.communicate(timeout=20)
         assert process.returncode == 0, "SIGTERM stops it cleanly (it is process 1 of its container)"
         output = (out + err).decode()
         assert "serving proxy on 127.0.0.1" in output and "refused GET /v1/models" in output
-        assert KEY not in output and WRONG not in output
+        assert KEY not in output and WRONG not in output and MASTER not in output
 
     def test_the_entry_point_refuses_to_serve_without_a_key(self, tmp_path: Path) -> None:
         (tmp_path / "empty").write_text("\n")
         for key_file in (tmp_path / "missing", tmp_path / "empty"):
             argv = [sys.executable, "-m", "shared.bench.serving_proxy", "--listen", "127.0.0.1:9"]
             done = subprocess.run(
-                [*argv, "--upstream-socket", str(tmp_path / "s"), "--key-file", str(key_file)],
+                [*argv, "--upstream-socket", str(tmp_path / "s"), "--key-file", str(key_file), "--deployment-id", "g1"],
                 capture_output=True,
                 text=True,
                 timeout=30,
