@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +51,7 @@ from localcloud.tpu_sim.compute_validation import (
     quota_error,
     zone_spec,
 )
-from localcloud.tpu_sim.kernel import LABEL_DEPLOYMENT, PoolKey, SimKernel, SimNode, leftover_entry
+from localcloud.tpu_sim.kernel import LABEL_DEPLOYMENT, CreateRate, PoolKey, SimKernel, SimNode, leftover_entry
 from localcloud.tpu_sim.scenario import ComputeQuotaSpec
 
 __all__ = [
@@ -94,7 +93,7 @@ class ComputeEngine:
         self._ops: dict[str, ComputeOperation] = {}
         self._waiting: dict[PoolKey, list[SimInstance]] = {}
         self._request_ids: dict[str, tuple[str, float]] = {}
-        self._create_times: deque[float] = deque()
+        self._create_rate = CreateRate()
         self._op_numbers = itertools.count(1)
         self._quota: dict[tuple[str, str, str], ComputeQuotaSpec] = {
             (q.metric, q.family, q.region): q for q in kernel.scenario.compute_quotas
@@ -176,20 +175,13 @@ class ComputeEngine:
 
     def _check_rate(self) -> None:
         limit = self.scenario.limits.creates_per_minute
-        if limit is None:
-            return
-        now = self.kernel.now_s
-        window = self._create_times
-        while window and window[0] <= now - 60.0:
-            window.popleft()
-        if len(window) >= limit:
+        if limit is not None and not self._create_rate.admit(self.kernel.now_s, limit):
             raise ComputeApiError(
                 429,
                 "Quota exceeded for quota metric 'Write requests' and limit 'Write requests per minute per region' "
                 "of service 'compute.googleapis.com'.",
                 reason="rateLimitExceeded",
             )
-        window.append(now)
 
     # ------------------------------------------------------------------ insert
 

@@ -143,6 +143,23 @@ def leftover_entry(kind: str, zone: str, name: str, state: str, age: float, limi
     }
 
 
+@dataclass
+class CreateRate:
+    """Creates in the last rolling minute, for an API's ``creates_per_minute`` limit (each API keeps its own and
+    refuses in its own words)."""
+
+    times: deque[float] = field(default_factory=deque)
+
+    def admit(self, now_s: float, limit: int) -> bool:
+        """True (and counted) when one more create fits under ``limit``."""
+        while self.times and self.times[0] <= now_s - 60.0:
+            self.times.popleft()
+        if len(self.times) >= limit:
+            return False
+        self.times.append(now_s)
+        return True
+
+
 class SimKernel:
     """Clock, heap, RNG, lock, pools, meter and log of one world; ``restart()`` puts it back at the start.
 

@@ -12,10 +12,9 @@ changed state, or was removed and created again under the same name, ignores sta
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from typing import Any
 
-from localcloud.tpu_sim.kernel import Pool, PoolKey, SimKernel, SimNode
+from localcloud.tpu_sim.kernel import CreateRate, Pool, PoolKey, SimKernel, SimNode
 from localcloud.tpu_sim.tpu_render import (
     EMPTY,
     SimOperation,
@@ -48,7 +47,7 @@ class TpuResources:
         self.request_ids: dict[tuple[str, str], tuple[str, float]] = {}
         self.tombstones: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
         self._waiting: dict[PoolKey, list[SimQueuedResource]] = {}
-        self._create_times: deque[float] = deque()
+        self._create_rate = CreateRate()
         self._order = itertools.count()
         self.quota_limits = {(q.id, q.location): q.limit for q in kernel.scenario.quotas}
 
@@ -529,15 +528,8 @@ class TpuResources:
 
     def check_rate(self) -> None:
         limit = self.scenario.limits.creates_per_minute
-        if limit is None:
-            return
-        now = self.kernel.now_s
-        window = self._create_times
-        while window and window[0] <= now - 60.0:
-            window.popleft()
-        if len(window) >= limit:
+        if limit is not None and not self._create_rate.admit(self.kernel.now_s, limit):
             raise rate_limit_error(limit)
-        window.append(now)
 
     def check_queued_limit(self, zone: str) -> None:
         limit = self.scenario.limits.queued_per_zone
