@@ -43,10 +43,10 @@ from typing import Any
 
 import httpx
 
-from shared.bench.loadgen import LoadGenerator, Target
-from shared.bench.metrics import RequestRecord
-from shared.bench.stub_server import StubBehaviour, spawn_stub
+from loadgen.generator import LoadGenerator, Target
+from loadgen.stats import RequestRecord
 from shared.messages import BenchmarkRequest
+from tests.support.stub_server import StubBehaviour, spawn_stub
 from tests.support.vllm_server import ensure_tiny_model, start_vllm_server, vllm_venv_dir
 
 # The served model for the agreement test: the tiny test model, or a scaled-up copy (84M parameters) whose TTFT
@@ -292,7 +292,7 @@ def _agreement_runs(
     theirs: list[dict[str, Any]] = []
     ours(base_url, replace(work, prompts=16, concurrency=4, rate=None))  # a fresh server's first requests are slow
     # Together, vLLM's client gets CPU 1 to itself; ours shares CPU 0 with the server, which does not move its
-    # TTFT: ``shared.bench.transport`` stamps each first token with the kernel's receive time.
+    # TTFT: ``loadgen.transport`` stamps each first token with the kernel's receive time.
     if pinned and together:
         os.sched_setaffinity(0, {0})
     for rep in range(reps):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("shared", "functions", "mcp_client_gateway", "localcloud", "benchmarks", "scripts")
+PACKAGES = ("shared", "functions", "mcp_client_gateway", "localcloud", "node_agent", "loadgen", "benchmarks", "scripts")
 MODULE_LIMIT = 800
 FUNCTION_LIMIT = 80
 FUNCTION_WARN = 40

@@ -7,7 +7,7 @@ own ``requirements.txt`` and the project modules ``main.py`` can import: its imp
 way. The closure is found from the source, not by running it: every ``import`` and ``from ... import``
 is followed wherever it appears, inside functions included (``shared/wiring.py`` builds its adapters
 with imports inside methods), except under ``if TYPE_CHECKING:``. What no function imports (the VM's
-node agent and the rest of ``shared/bench``) stays out, and so do tests, caches and bytecode. A
+node agent in ``node_agent/``, the load generator in ``loadgen/``) stays out, and so do tests, caches and bytecode. A
 dynamic import by a computed name (``importlib.import_module(name)``, ``__import__(name)``) cannot be
 followed, so it stops the packaging with an error naming the line; none exists in ``shared/`` today,
 and one with a literal name is followed like an import statement. Only modules ship: no module of the

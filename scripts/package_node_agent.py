@@ -1,11 +1,12 @@
 """Build the node-agent bundle: ``build/node-agent/tpuctl-node-agent-<version>.tar.gz``, a wheelhouse for TPU VMs.
 
-Why: the node agent (``python -m shared.bench.node_agent``) runs on the TPU VM from the pinned vLLM image's Python,
+Why: the node agent (``python -m node_agent.agent``) runs on the TPU VM from the pinned vLLM image's Python,
 and a VM must not depend on PyPI at boot. So everything it installs travels in one file: Terraform uploads it under
 ``node-agent/``, the functions get its URI and SHA-256, and the startup script fetches it, checks the digest and
 installs it with ``pip install --no-index --find-links`` (see docs/deploy.md). The bundle holds ``wheelhouse/``:
 
-* our wheel, ``tpuctl_node_agent-<version>-py3-none-any.whl``: the ``shared`` package, written here with zipfile
+* our wheel, ``tpuctl_node_agent-<version>-py3-none-any.whl``: the ``node_agent``, ``loadgen`` and ``shared``
+  packages, written here with zipfile
   (fixed times and modes, sorted entries), so it builds offline and is the same bytes for the same sources;
 * the wheels of ``scripts/node_agent_requirements.txt`` and their dependencies for the image's Python and
   platform, from ``pip download --only-binary=:all:``, with every dependency held at the version installed where
@@ -43,7 +44,7 @@ from pathlib import Path
 from package_functions import FIXED_MTIME, REPO_ROOT, _shipped_files
 
 DISTRIBUTION = "tpuctl-node-agent"  # shared.domain.startup_script.NODE_AGENT_DISTRIBUTION installs it by this name
-PACKAGE = "shared"
+PACKAGES = ("node_agent", "loadgen", "shared")  # the agent, the load generator it runs, the core they share
 REQUIREMENTS = Path(__file__).resolve().parent / "node_agent_requirements.txt"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _NOT_CONSTRAINED = frozenset({"pip", "setuptools", "wheel", "tpuctl"})
@@ -71,7 +72,7 @@ def _wheel_metadata(version: str, requirements: Iterable[str]) -> dict[str, byte
         "Metadata-Version: 2.1",
         f"Name: {DISTRIBUTION}",
         f"Version: {version}",
-        "Summary: The tpuctl node agent (python -m shared.bench.node_agent) for TPU VMs",
+        "Summary: The tpuctl node agent (python -m node_agent.agent) for TPU VMs",
         "Requires-Python: >=3.11",
         *(f"Requires-Dist: {requirement}" for requirement in requirements),
     ]
@@ -79,7 +80,7 @@ def _wheel_metadata(version: str, requirements: Iterable[str]) -> dict[str, byte
     return {
         "METADATA": ("\n".join(lines) + "\n").encode(),
         "WHEEL": ("\n".join([*wheel, "Tag: py3-none-any"]) + "\n").encode(),
-        "top_level.txt": f"{PACKAGE}\n".encode(),
+        "top_level.txt": "".join(f"{package}\n" for package in PACKAGES).encode(),
     }
 
 
@@ -95,13 +96,15 @@ def _write_entries(path: Path, entries: dict[str, bytes]) -> None:
 
 
 def build_wheel(root: Path, out: Path, requirements: Path = REQUIREMENTS) -> Path:
-    """Write our wheel (``shared`` and dist-info) into ``out``; offline, deterministic."""
-    package = root / PACKAGE
-    if not (package / "__init__.py").is_file():
-        raise SystemExit(f"{package}: not a package (shared/__init__.py is missing)")
+    """Write our wheel (``PACKAGES`` and dist-info) into ``out``; offline, deterministic."""
+    entries: dict[str, bytes] = {}
+    for name in PACKAGES:
+        package = root / name
+        if not (package / "__init__.py").is_file():
+            raise SystemExit(f"{package}: not a package ({name}/__init__.py is missing)")
+        entries.update({f"{name}/{p.as_posix()}": (package / p).read_bytes() for p in _shipped_files(package)})
     version = project_version(root)
     stem = f"{DISTRIBUTION.replace('-', '_')}-{version}"
-    entries = {f"{PACKAGE}/{p.as_posix()}": (package / p).read_bytes() for p in _shipped_files(package)}
     dist_info = f"{stem}.dist-info"
     for name, data in _wheel_metadata(version, requirement_lines(requirements)).items():
         entries[f"{dist_info}/{name}"] = data

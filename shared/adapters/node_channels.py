@@ -2,7 +2,7 @@
 
 A node channel is ``tpuctl-node-<deployment>`` on the node-tasks topic, filtered on ``attributes.deployment_id``.
 The provisioner opens it before it creates the deployment's node and closes it once the deployment is DELETED;
-the node agent on the VM only pulls from it (``shared.bench.node_agent``). So the VM's service account needs no
+the node agent on the VM only pulls from it (``node_agent.agent``). So the VM's service account needs no
 Pub/Sub right at project level: it holds ``roles/pubsub.subscriber`` on its own channel, granted here.
 
 * ``PubSubNodeChannels``: google-cloud-pubsub's ``SubscriberClient`` (``create_subscription``,

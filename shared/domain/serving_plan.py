@@ -32,7 +32,7 @@ __all__ = ["NODE_AGENT_ENV_NAMES", "ServingEnvironment", "ServingPlan", "build_s
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
-# The node agent reads these (python -m shared.bench.node_agent on the VM).
+# The node agent reads these (python -m node_agent.agent on the VM).
 NODE_AGENT_ENV_NAMES = (
     "TPUCTL_BACKEND",
     "TPUCTL_PROJECT",

@@ -47,7 +47,7 @@ BOOT_PHASES = (
     "serving",
     "failed",
 )
-NODE_AGENT_MODULE = "shared.bench.node_agent"
+NODE_AGENT_MODULE = "node_agent.agent"
 # The wheel scripts/package_node_agent.py builds; the template installs it by this name (a test holds them equal).
 NODE_AGENT_DISTRIBUTION = "tpuctl-node-agent"
 NODE_AGENT_PREFIX = "node-agent/"  # the only prefix the TPU VM's account may read (terraform/modules/identities)

@@ -73,7 +73,7 @@ readonly SOCKET_DIR="${SECRETS_DIR}/vllm-socket"
 readonly CONTAINER_SOCKET_DIR=/run/tpuctl-vllm
 readonly CONTAINER_SOCKET="${CONTAINER_SOCKET_DIR}/vllm.sock"
 readonly PROXY_CONTAINER=tpuctl-serving-proxy
-readonly PROXY_MODULE=shared.bench.serving_proxy
+readonly PROXY_MODULE=node_agent.serving_proxy
 # vLLM binds its socket without removing a stale one: a restarted container (restart policy, serving.restart)
 # removes the last one first. "$0" is the socket path; the rest is the key wrapper and the vLLM argv.
 # shellcheck disable=SC2016  # "$0" and "$@" are for the container's /bin/sh, not for this shell
@@ -314,7 +314,7 @@ start_vllm() {
     /bin/sh -c "${KEY_WRAPPER}" "${KEY_WRAPPER_NAME}" "${VLLM_ARGV[@]}" --uds "${CONTAINER_SOCKET}" >/dev/null
 }
 
-# The serving proxy (python -m shared.bench.serving_proxy, from the node-agent bundle) is the serving port: it
+# The serving proxy (python -m node_agent.serving_proxy, from the node-agent bundle) is the serving port: it
 # forwards an allow-list of methods and paths to vLLM's socket, checks this deployment's own API key (derived from
 # the master in the same mounted file as vLLM's) on all but /health, /metrics and /version, bounds request bodies
 # and streams answers back.
@@ -365,7 +365,7 @@ install_node_agent() {
   progress node-agent "bundle ${NODE_AGENT_BUNDLE_SHA256:0:12} installed"
 }
 
-# The node agent (python -m shared.bench.node_agent) runs from the pinned image's Python with the bundle installed
+# The node agent (python -m node_agent.agent) runs from the pinned image's Python with the bundle installed
 # into a host directory; it reads the API key from the same mounted file as vLLM. It restarts and tails the
 # serving container (serving.restart, serving.logs) through the Docker socket mounted into it.
 start_node_agent() {
@@ -379,7 +379,7 @@ start_node_agent() {
     -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${DOCKER_SOCKET}:${DOCKER_SOCKET}" \
     --env PYTHONPATH=/opt/tpuctl/lib --env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}" \
     --env "TPUCTL_NODE_CONTAINER=${CONTAINER}" "${NODE_AGENT_ENV[@]}" \
-    --entrypoint python3 "${IMAGE}" -m shared.bench.node_agent >/dev/null
+    --entrypoint python3 "${IMAGE}" -m node_agent.agent >/dev/null
   progress node-agent started
 }
 

@@ -9,7 +9,7 @@ the model ("call tpu_delete_deployment ...").
 The rules (pure: no I/O):
 
 * **Only known keys.** Each kind has an explicit schema (:data:`NODE_SYSTEM`, :data:`BENCHMARK_RESULT`) written
-  from what the agent produces (``shared.bench.system_info``, ``shared.bench.loadgen``/``metrics``/``datasets``,
+  from what the agent produces (``node_agent.system_info``, ``loadgen.generator``/``metrics``/``datasets``,
   ``node_agent._node_summary``/``shrink_result``). Unknown keys, values of the wrong type and list items past the
   bound are dropped and counted; the count is kept with the data under :data:`DROPPED_KEY` so a view can say
   "n fields dropped". A dropped key is never echoed back.
@@ -310,7 +310,7 @@ NODE_SYSTEM = Record(
         "accelerator": Either((_ACCELERATOR, _SYSTEM_TEXT)),
     }
 )
-"""``shared.bench.system_info.system_info()`` plus the reporting node's name."""
+"""``node_agent.system_info.system_info()`` plus the reporting node's name."""
 
 NODE_SUMMARY = Record(
     {

@@ -137,7 +137,7 @@ class BenchmarkRequest(BaseModel):
     slo_ttft_ms: float | None = Field(default=None, gt=0, le=600000)
     slo_tpot_ms: float | None = Field(default=None, gt=0, le=600000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    # Added for the load generator (shared.bench); all optional with defaults, so older senders stay valid.
+    # Added for the load generator (loadgen); all optional with defaults, so older senders stay valid.
     max_concurrency: int | None = Field(
         default=None, ge=1, le=4096, description="Rate mode: cap on requests in flight (None: no cap)."
     )

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.bench.loadgen import BenchmarkSetupError, LoadGenerator, Target
-from shared.bench.stub_server import StubBehaviour, StubProcess, StubServer
-from shared.bench.transport import StreamingTransport, enable_receive_times, read_with_time
+from loadgen.generator import BenchmarkSetupError, LoadGenerator, Target
+from loadgen.transport import StreamingTransport, enable_receive_times, read_with_time
 from shared.messages import BenchmarkRequest
 from tests.support.fixtures_bench import STUB_FIRST_TOKEN_S
+from tests.support.stub_server import StubBehaviour, StubProcess, StubServer
 
 
 def _run(

@@ -1,6 +1,6 @@
 """The node agent: dispatch through the bus, a run against a streaming stub, results back, restarts survived.
 
-In-process tests drive one agent step by step; the process tests run ``python -m shared.bench.node_agent``
+In-process tests drive one agent step by step; the process tests run ``python -m node_agent.agent``
 for real and kill it mid-run, as a VM reboot or an OOM kill would.
 """
 
@@ -22,15 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.generator import Target
 from localcloud.vm_twin.containers import tail_file
-from shared.adapters.clock import SystemClock
-from shared.adapters.docker_engine import DockerEngineContainer
-from shared.adapters.local_bus import LocalBus
-from shared.adapters.node_channels import LocalBusNodeChannels
-from shared.adapters.sqlite_store import SqliteStateStore
-from shared.bench.journal import JournalEntry, RunJournal, TaskJournal
-from shared.bench.loadgen import Target
-from shared.bench.node_agent import (
+from node_agent.agent import (
     _ID_NAMESPACE,
     NodeAgent,
     VllmRunner,
@@ -38,7 +32,12 @@ from shared.bench.node_agent import (
     fit_lines,
     node_subscription,
 )
-from shared.bench.stub_server import StubBehaviour, StubProcess, spawn_stub
+from node_agent.journal import JournalEntry, RunJournal, TaskJournal
+from shared.adapters.clock import SystemClock
+from shared.adapters.docker_engine import DockerEngineContainer
+from shared.adapters.local_bus import LocalBus
+from shared.adapters.node_channels import LocalBusNodeChannels
+from shared.adapters.sqlite_store import SqliteStateStore
 from shared.domain.errors import PermanentError, TransientError
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase, Tier
 from shared.messages import (
@@ -59,6 +58,7 @@ from shared.ports import CommandBus, Delivery, Handler, MissingSubscription
 from shared.services.benchmarker import Benchmarker
 from tests.support.builders import spec_dict
 from tests.support.serving_container import StandIn, serve_stand_in
+from tests.support.stub_server import StubBehaviour, StubProcess, spawn_stub
 
 EVENTS, NODE_TASKS = "tpuctl-events", "tpuctl-node-tasks"
 
@@ -202,7 +202,7 @@ def _spawn_agent(tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
     }
     with (tmp_path / "agent.log").open("ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.bench.node_agent"],
+            [sys.executable, "-m", "node_agent.agent"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -582,7 +582,7 @@ class TestNodeChannel:
     def test_the_agent_creates_nothing_on_the_bus_and_waits_for_its_channel_saying_so(
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        import shared.bench.node_agent as node_agent_module
+        import node_agent.agent as node_agent_module
 
         monkeypatch.setattr(node_agent_module, "_MISSING_CHANNEL_WAIT_S", 0.05)
         bus = _bus(tmp_path / "bus.sqlite", channel=False)
@@ -630,7 +630,7 @@ class TestNodeChannel:
     def test_a_refused_pull_is_said_plainly_and_tried_again_until_the_grant_applies(
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        import shared.bench.node_agent as node_agent_module
+        import node_agent.agent as node_agent_module
 
         monkeypatch.setattr(node_agent_module, "_MISSING_CHANNEL_WAIT_S", 0.05)
         inner = _bus(tmp_path / "bus.sqlite")
@@ -728,7 +728,7 @@ class TestEventSeal:
             seals.check({"kind": message.kind}, delivery.data, message)
 
     def test_the_key_is_read_from_the_node_s_own_metadata(self) -> None:
-        from shared.bench.node_agent import read_event_key
+        from node_agent.agent import read_event_key
 
         key = secrets.token_hex(32)
         server = _MetadataServer({"tpuctl-event-key": key + "\n"})
@@ -738,7 +738,7 @@ class TestEventSeal:
             server.close()
 
     def test_a_node_without_a_key_says_its_events_will_be_refused(self, caplog: pytest.LogCaptureFixture) -> None:
-        from shared.bench.node_agent import read_event_key
+        from node_agent.agent import read_event_key
 
         server = _MetadataServer({"tpuctl-event-key": "not-hex"})
         empty = _MetadataServer({})

@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from node_agent.agent import NodeAgentSettings, ship_serving_logs
 from shared.adapters.docker_engine import DockerEngineContainer
-from shared.bench.node_agent import NodeAgentSettings, ship_serving_logs
 from shared.ports import NodeLogLine
 from tests.support.serving_container import serve_stand_in
 

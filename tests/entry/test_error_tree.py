@@ -25,7 +25,7 @@ from shared.domain.errors import CloudError, ControllerError, ErrorClass, Perman
 from shared.entry import Outcome, PubSubPayload, handle_payload
 from tests.support.builders import ISSUED_AT, command_bytes
 
-_SKIP_MODULES = ("shared.bench.stub_server",)  # a test-only server with import-time side effects
+_SKIP_MODULES = ("tests.support.stub_server",)  # a test-only server with import-time side effects
 
 
 def _all_modules() -> Iterator[str]:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.generator import Target
+from node_agent.agent import NodeAgent, VllmRunner
+from node_agent.journal import RunJournal
 from shared.adapters.clock import SystemClock
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.node_channels import LocalBusNodeChannels
 from shared.adapters.sqlite_store import SqliteStateStore
-from shared.bench.journal import RunJournal
-from shared.bench.loadgen import Target
-from shared.bench.node_agent import NodeAgent, VllmRunner
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase, Tier
 from shared.entry import Outcome, PubSubPayload, handle_payload
 from shared.messages import BenchmarkRequest, RunBenchmark, encode_message, message_attributes, new_command_id

@@ -52,7 +52,7 @@ LINES = (
 _SHIPPER = """
 import os, signal, threading
 from pathlib import Path
-from shared.bench.node_agent import NodeAgentSettings, ship_serving_logs
+from node_agent.agent import NodeAgentSettings, ship_serving_logs
 from shared.config import get_settings
 from shared.logging import configure_logging, register_secret
 from shared.wiring import Runtime

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.bench.stub_server import StubBehaviour, StubProcess, spawn_stub
+from tests.support.stub_server import StubBehaviour, StubProcess, spawn_stub
 
 STUB_FIRST_TOKEN_S = 0.020
 STUB_INTER_TOKEN_S = 0.001

@@ -58,16 +58,21 @@ def _pins(path: Path) -> dict[str, str]:
     return pins
 
 
-def test_our_wheel_holds_the_shared_package_and_the_pinned_requirements(tmp_path: Path) -> None:
+def test_our_wheel_holds_the_agent_the_load_generator_and_shared_and_the_pinned_requirements(tmp_path: Path) -> None:
     wheel = Path(str(_step("wheel", "--out", str(tmp_path))["wheel"]))
     assert wheel.name == WHEEL
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read("tpuctl_node_agent-0.1.0.dist-info/METADATA").decode()
         record = archive.read("tpuctl_node_agent-0.1.0.dist-info/RECORD").decode()
-    assert "shared/bench/node_agent.py" in names and "shared/__init__.py" in names
+    assert {"node_agent/agent.py", "loadgen/generator.py", "shared/__init__.py"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or "/tests/" in n]
-    assert {n.split("/", 1)[0] for n in names} == {"shared", "tpuctl_node_agent-0.1.0.dist-info"}
+    assert {n.split("/", 1)[0] for n in names} == {
+        "node_agent",
+        "loadgen",
+        "shared",
+        "tpuctl_node_agent-0.1.0.dist-info",
+    }
     assert f"Name: {NODE_AGENT_DISTRIBUTION}\n" in metadata
     required = re.findall(r"^Requires-Dist: (\S+)$", metadata, re.MULTILINE)
     assert {r.partition("==")[0]: r.partition("==")[2] for r in required} == _pins(REQUIREMENTS)
@@ -80,13 +85,13 @@ def test_our_wheel_installs_offline_and_the_agent_imports_from_the_install(tmp_p
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target", str(target)]
     done = subprocess.run([*install, str(wheel)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    probe = "import shared.bench.node_agent as agent; print(agent.__file__)"
+    probe = "import node_agent.agent as agent; print(agent.__file__)"
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(target), "HOME": str(tmp_path)}
     ran = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip() == str(target / "shared" / "bench" / "node_agent.py"), "imported from the install"
+    assert ran.stdout.strip() == str(target / "node_agent" / "agent.py"), "imported from the install"
 
 
 def test_the_bundle_is_a_wheelhouse_with_no_times_or_owners_and_the_same_bytes_every_build(tmp_path: Path) -> None:
@@ -101,9 +106,10 @@ def test_the_bundle_is_a_wheelhouse_with_no_times_or_owners_and_the_same_bytes_e
 
 def test_a_changed_source_gives_another_digest(tmp_path: Path) -> None:
     root = tmp_path / "repo"
-    (root / "shared").mkdir(parents=True)
+    for package in ("node_agent", "loadgen", "shared"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
     (root / "pyproject.toml").write_text('[project]\nname = "tpuctl"\nversion = "9.9.9"\n')
-    (root / "shared" / "__init__.py").write_text("")
     (root / "shared" / "agent.py").write_text("A = 1\n")
     _, before = _bundle(tmp_path / "a", root=root)
     (root / "shared" / "agent.py").write_text("A = 2\n")
@@ -155,16 +161,16 @@ _TRACE = """
 import importlib.metadata as md, json, os, sys
 before = set(sys.modules)
 os.environ.update(TPUCTL_BACKEND="gcp", TPUCTL_PROJECT="tpuctl-trace", TPUCTL_DEPLOYMENT_ID="trace")
-import shared.bench.node_agent as agent
+import node_agent.agent as agent
 from shared.adapters.docker_engine import DockerEngineContainer
-from shared.bench.datasets import find_tokenizer_file
+from loadgen.datasets import find_tokenizer_file
 from shared.config import get_settings
 from shared.logging import configure_logging, register_secret
 from shared.wiring import Runtime
 runtime = Runtime(get_settings())
 runtime.clock, runtime.bus  # what main() builds before it serves
 runtime.log_sink("trace", "tpuctl-vllm")  # Cloud Logging as the VM: google-auth's compute-engine credentials
-import shared.bench.log_shipper  # the shipping thread's own module
+import node_agent.log_shipper  # the shipping thread's own module
 agent.NodeAgentSettings()
 owners = {}
 for dist in md.distributions():

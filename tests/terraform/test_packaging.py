@@ -259,7 +259,7 @@ def test_each_bundle_holds_exactly_the_import_closure_of_its_main(name: str, tmp
     )
     assert set(_files(folder)) == shipped | {"requirements.txt"}
     assert "shared/wiring.py" in shipped and "shared/adapters/firestore_store.py" in shipped, "lazy imports ship"
-    assert not {"shared/bench/node_agent.py", "shared/bench/stub_server.py"} & shipped, "the VM's code stays out"
+    assert not {"node_agent/agent.py", "tests/support/stub_server.py"} & shipped, "the VM's code stays out"
     assert len(shipped) < sum(1 for _ in (REPO_ROOT / "shared").rglob("*.py")), "not the whole of shared/"
 
 

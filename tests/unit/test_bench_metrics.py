@@ -13,9 +13,11 @@ from xml.etree import ElementTree
 import pytest
 from pydantic import ValidationError
 
-from shared.bench.datasets import Prompt, random_prompts, read_prompt_file
-from shared.bench.journal import AgentLock, RunJournal
-from shared.bench.metrics import (
+from loadgen.datasets import Prompt, random_prompts, read_prompt_file
+from loadgen.plots import charts_for, render_png, render_svg, write_plots
+from loadgen.report import result_table
+from loadgen.sse import SseSplitter, read_chunk
+from loadgen.stats import (
     RequestRecord,
     SweepPoint,
     find_knee,
@@ -24,11 +26,9 @@ from shared.bench.metrics import (
     population_std,
     summarize,
 )
-from shared.bench.node_agent import shrink_result
-from shared.bench.plots import charts_for, render_png, render_svg, write_plots
-from shared.bench.report import result_table
-from shared.bench.sse import SseSplitter, read_chunk
-from shared.bench.system_info import system_info
+from node_agent.agent import shrink_result
+from node_agent.journal import AgentLock, RunJournal
+from node_agent.system_info import system_info
 from shared.messages import BenchmarkRequest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

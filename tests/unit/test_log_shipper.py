@@ -1,4 +1,4 @@
-"""The node agent's log shipper (``shared.bench.log_shipper``) against a container log and a sink that keep state.
+"""The node agent's log shipper (``node_agent.log_shipper``) against a container log and a sink that keep state.
 
 The container log keeps stamped lines and answers ``since`` as the engine does (inclusive, oldest first); the sink
 keeps every batch it took and can be down or refuse a batch, as Cloud Logging can. Time is a clock the test moves.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.bench.log_shipper import LogShipper, Position
+from node_agent.log_shipper import LogShipper, Position
 from shared.domain.errors import CloudError, ErrorClass, PermanentError
 from shared.logging import register_secret
 from shared.ports import ContainerLogLine, NodeLogLine

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.bench.serving_proxy import EXIT_NO_KEY, ROUTES, Access, ServingProxy
+from node_agent.serving_proxy import EXIT_NO_KEY, ROUTES, Access, ServingProxy
 from shared.domain.serving_key import deployment_api_key
 
 MASTER = "sk-proxy-test-master-0123456789"  # what vLLM is started with (the key file)
@@ -470,7 +470,7 @@ class TestLogs:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        argv = [sys.executable, "-m", "shared.bench.serving_proxy", "--listen", f"127.0.0.1:{port}"]
+        argv = [sys.executable, "-m", "node_agent.serving_proxy", "--listen", f"127.0.0.1:{port}"]
         argv += ["--upstream-socket", str(upstream.socket_path), "--key-file", str(key_file)]
         argv += ["--deployment-id", DEPLOYMENT]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -494,7 +494,7 @@ class TestLogs:
     def test_the_entry_point_refuses_to_serve_without_a_key(self, tmp_path: Path) -> None:
         (tmp_path / "empty").write_text("\n")
         for key_file in (tmp_path / "missing", tmp_path / "empty"):
-            argv = [sys.executable, "-m", "shared.bench.serving_proxy", "--listen", "127.0.0.1:9"]
+            argv = [sys.executable, "-m", "node_agent.serving_proxy", "--listen", "127.0.0.1:9"]
             done = subprocess.run(
                 [*argv, "--upstream-socket", str(tmp_path / "s"), "--key-file", str(key_file), "--deployment-id", "g1"],
                 capture_output=True,

@@ -282,11 +282,11 @@ def test_the_plan_hash_changes_exactly_when_the_launch_changes() -> None:
 
 
 def test_the_node_agent_reaches_the_serving_container_through_the_docker_socket() -> None:
-    from shared.bench.node_agent import SERVING_CONTAINER_NAME, NodeAgentSettings
+    from node_agent.agent import SERVING_CONTAINER_NAME, NodeAgentSettings
 
     script = plan_for("gemma-4-26b-a4b", "v6e-4").startup_script()
     agent_run = script[script.index('docker run -d --name "${AGENT_CONTAINER}"') :]
-    agent_run = agent_run[: agent_run.index("-m shared.bench.node_agent")]
+    agent_run = agent_run[: agent_run.index("-m node_agent.agent")]
     assert "readonly DOCKER_SOCKET=/var/run/docker.sock" in script
     assert '-v "${DOCKER_SOCKET}:${DOCKER_SOCKET}"' in agent_run
     assert '--env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}"' in agent_run

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from loadgen.datasets import Prompt, PromptSet
+from loadgen.generator import BenchmarkResult, PointResult, Target
+from loadgen.stats import Knee, RequestRecord, summarize
 from mcp_client_gateway.models import NODE_REPORTED_NOTICE, BenchmarkView, NodeView
-from shared.bench.datasets import Prompt, PromptSet
-from shared.bench.loadgen import BenchmarkResult, PointResult, Target
-from shared.bench.metrics import Knee, RequestRecord, summarize
-from shared.bench.node_agent import shrink_result
-from shared.bench.system_info import system_info
+from node_agent.agent import shrink_result
+from node_agent.system_info import system_info
 from shared.domain.untrusted import (
     BENCHMARK_REQUEST_KEYS,
     BENCHMARK_RESULT,

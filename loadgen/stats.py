@@ -4,7 +4,7 @@ The definitions are ``docs/reference/vllm.md`` §5.
 
 Pure: records in, numbers out. Definitions, all on the client's ``time.perf_counter()``:
 
-- TTFT: request sent -> first chunk carrying a token (``shared.bench.sse``), per successful request;
+- TTFT: request sent -> first chunk carrying a token (``loadgen.sse``), per successful request;
 - ITL: every gap between consecutive token chunks, pooled over all successful requests;
 - E2EL: request sent -> last token chunk (the usage chunk does not count);
 - TPOT: per request ``(E2EL - TTFT) / (output_tokens - 1)`` when ``output_tokens > 1``, then averaged; for goodput

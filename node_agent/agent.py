@@ -1,12 +1,12 @@
 """The node agent: runs benchmarks next to vLLM on the TPU VM, restarts and tails the vLLM container, reports.
 
-Run it as ``python -m shared.bench.node_agent`` (the startup script does, with the ``TPUCTL_*`` variables of
+Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TPUCTL_*`` variables of
 ``shared.domain.serving_plan.NODE_AGENT_ENV_NAMES``; the local cloud's node runtime does too). It:
 
 1. takes ``<journal dir>/agent.lock`` (one agent, so one run at a time, per node);
 2. reports runs a previous process left ``running`` as failed, with that cause, and publishes any result not
-   yet published (``shared.bench.journal``);
-3. publishes ``node.booted`` with the machine's details (``shared.bench.system_info``);
+   yet published (``node_agent.journal``);
+3. publishes ``node.booted`` with the machine's details (``node_agent.system_info``);
 4. pulls ``benchmark.run``, ``serving.restart`` and ``serving.logs`` from its deployment's node channel, the
    subscription ``tpuctl-node-<deployment>`` on the node-tasks topic filtered on ``attributes.deployment_id``, on a
    background thread, so a node task is carried out while a benchmark runs; a dispatch or task is written to its
@@ -14,7 +14,7 @@ Run it as ``python -m shared.bench.node_agent`` (the startup script does, with t
    without doing anything twice. The agent creates no topic and no subscription: the controller opened the channel
    before it created this node and granted the VM's account subscriber on it alone (``shared.ports.NodeChannels``).
    A channel not there yet is said so in the log and pulled again every ``_MISSING_CHANNEL_WAIT_S``;
-5. runs the load generator against the local vLLM (``shared.bench.loadgen``), one run at a time, keeps the
+5. runs the load generator against the local vLLM (``loadgen.generator``), one run at a time, keeps the
    per-request records in a JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status,
    structured result, cause of failure) on the events topic, retrying the publish until the bus takes it;
 6. carries out node tasks through the Docker Engine API (``shared.adapters.docker_engine``; the local cloud
@@ -29,7 +29,7 @@ Run it as ``python -m shared.bench.node_agent`` (the startup script does, with t
 
 7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
    (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
-   (``shared.bench.log_shipper``).
+   (``node_agent.log_shipper``).
 
 SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
 during the run"), publish that and exit. The API key is read from a file and never logged.
@@ -54,10 +54,10 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bench.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
-from shared.bench.loadgen import LoadGenerator, Target
-from shared.bench.log_lines import MAX_LINE_CHARS, clean_log_line
-from shared.bench.system_info import boot_id, system_info
+from loadgen.generator import LoadGenerator, Target
+from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
+from node_agent.log_lines import MAX_LINE_CHARS, clean_log_line
+from node_agent.system_info import boot_id, system_info
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
@@ -172,7 +172,7 @@ Runner = Callable[[RunBenchmark, RunControl], Coroutine[Any, Any, RunOutcome]]
 
 
 class VllmRunner:
-    """The default runner: :class:`~shared.bench.loadgen.LoadGenerator` against the local server."""
+    """The default runner: :class:`~loadgen.generator.LoadGenerator` against the local server."""
 
     def __init__(self, target: Target, *, tokenizer_file: Path | None = None) -> None:
         self.target = target
@@ -644,8 +644,8 @@ def ship_serving_logs(
 ) -> None:
     """The log shipper's thread: the serving container's lines to ``sink`` until ``stop``, over its own engine
     connection so a long read never holds up a restart or a tail."""
+    from node_agent.log_shipper import LogShipper
     from shared.adapters.docker_engine import DockerEngineContainer
-    from shared.bench.log_shipper import LogShipper
 
     source = DockerEngineContainer(agent.node_docker_host, agent.node_container)
     shipper = LogShipper(
@@ -715,9 +715,9 @@ def read_event_key(
 
 
 def main() -> int:
-    """Entry point of ``python -m shared.bench.node_agent``."""
+    """Entry point of ``python -m node_agent.agent``."""
+    from loadgen.datasets import find_tokenizer_file
     from shared.adapters.docker_engine import DockerEngineContainer
-    from shared.bench.datasets import find_tokenizer_file
     from shared.config import get_settings
     from shared.domain.serving_key import deployment_api_key
     from shared.logging import configure_logging, register_secret

@@ -4,7 +4,7 @@ One run (:meth:`LoadGenerator.run`) does, in order:
 
 1. discover the server: ``GET /v1/models`` (the served id and ``max_model_len``) and ``GET /version``, and refuse
    a workload that cannot fit (``input_len + output_len > max_model_len``) before sending any load;
-2. build distinct prompts for the warm-up and for every level (``shared.bench.datasets``), and serialise every
+2. build distinct prompts for the warm-up and for every level (``loadgen.datasets``), and serialise every
    request up front, so the measured interval holds nothing but sending and reading;
 3. warm up (results dropped), then measure each level in turn:
 
@@ -15,10 +15,10 @@ One run (:meth:`LoadGenerator.run`) does, in order:
 
    a level ends when its ``num_prompts`` requests are done, or, with ``duration_s``, when no new request may
    start (requests in flight finish and count);
-4. summarise each level (``shared.bench.metrics``) and find the sweep's knee.
+4. summarise each level (``loadgen.stats``) and find the sweep's knee.
 
 Measured requests go straight to the httpx transport's ``handle_async_request`` with pre-built
-``httpx.Request`` objects; :class:`~shared.bench.transport.StreamingTransport` (the default) stamps arrival
+``httpx.Request`` objects; :class:`~loadgen.transport.StreamingTransport` (the default) stamps arrival
 times in ``data_received``. Any other httpx transport works too, with stamps taken when the bytes are read.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import httpx
 
-from shared.bench.datasets import (
+from loadgen.datasets import (
     DatasetError,
     LocalTokenizer,
     Prompt,
@@ -47,9 +47,9 @@ from shared.bench.datasets import (
     measure_prompts,
     random_prompts,
 )
-from shared.bench.metrics import Knee, RequestRecord, SweepPoint, find_knee, summarize
-from shared.bench.sse import DONE, SseSplitter, read_chunk
-from shared.bench.transport import RECEIPT_CLOCK, StreamingTransport
+from loadgen.sse import DONE, SseSplitter, read_chunk
+from loadgen.stats import Knee, RequestRecord, SweepPoint, find_knee, summarize
+from loadgen.transport import RECEIPT_CLOCK, StreamingTransport
 from shared.domain.errors import PermanentError
 from shared.messages import BenchmarkRequest
 

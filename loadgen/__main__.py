@@ -1,4 +1,4 @@
-"""Run a benchmark from the command line: ``python -m shared.bench --url http://127.0.0.1:8000 ...``.
+"""Run a benchmark from the command line: ``python -m loadgen --url http://127.0.0.1:8000 ...``.
 
 Writes ``result.json`` (the structured result), ``records.jsonl`` (one line per request) and the plots into
 ``--out``, and prints the table. The API key is read from a file, never taken on the command line.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from shared.bench.datasets import find_tokenizer_file, read_prompt_file
-from shared.bench.loadgen import LoadGenerator, Target
-from shared.bench.plots import write_plots
-from shared.bench.report import result_table
+from loadgen.datasets import find_tokenizer_file, read_prompt_file
+from loadgen.generator import LoadGenerator, Target
+from loadgen.plots import write_plots
+from loadgen.report import result_table
 from shared.domain.errors import PermanentError
 from shared.messages import BenchmarkRequest
 
@@ -30,9 +30,7 @@ def _numbers(text: str) -> tuple[float, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m shared.bench", description="Benchmark an OpenAI-compatible server."
-    )
+    parser = argparse.ArgumentParser(prog="python -m loadgen", description="Benchmark an OpenAI-compatible server.")
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     parser.add_argument("--model", help="served model id (default: the first /v1/models lists)")

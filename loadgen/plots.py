@@ -4,7 +4,7 @@ Why no matplotlib: it would add about 40 MB (numpy, pillow, fonts) to every inst
 included, for three line charts. SVG is written directly; PNG comes from a small rasteriser (lines, markers,
 a built-in 3x5 pixel font drawn at 2x) and a standard-library encoder (``zlib`` + ``struct``).
 
-Charts (from a result's ``points``, see ``shared.bench.loadgen.BenchmarkResult.as_dict``):
+Charts (from a result's ``points``, see ``loadgen.generator.BenchmarkResult.as_dict``):
 
 - ``<stem>-throughput``: output and total tokens/s against concurrency or offered rate, the knee marked;
 - ``<stem>-ttft``: TTFT p50/p90/p99 against load;

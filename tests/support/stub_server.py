@@ -16,7 +16,7 @@ its first token is sent by a dedicated timer thread (``threading.Condition`` wai
 event loop's epoll timeout is rounded up to a whole millisecond) straight onto the socket. ``GET /stub/stats``
 reports how late the stub itself was, and with ``?detail=1`` each response id's (received, first token sent)
 times on the machine-wide monotonic clock, so a client's own error can be separated from the stub's.
-The stub runs as its own process in measurements (``python -m shared.bench.stub_server``, which prints
+The stub runs as its own process in measurements (``python -m tests.support.stub_server``, which prints
 ``READY <base url>``, or :func:`spawn_stub`); tests may run it on a thread with :meth:`StubServer.start_in_thread`.
 """
 
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.bench.transport import enable_receive_times, read_with_time
+from loadgen.transport import enable_receive_times, read_with_time
 
 __all__ = ["StubBehaviour", "StubProcess", "StubServer", "main", "spawn_stub"]
 
@@ -677,11 +677,11 @@ class StubProcess:
 
 
 def spawn_stub(behaviour: StubBehaviour, *, python: str = sys.executable, timeout_s: float = 20.0) -> StubProcess:
-    """Start ``python -m shared.bench.stub_server`` on a free loopback port; returns once it listens."""
+    """Start ``python -m tests.support.stub_server`` on a free loopback port; returns once it listens."""
     argv = [
         python,
         "-m",
-        "shared.bench.stub_server",
+        "tests.support.stub_server",
         "--first-token-delay-ms",
         repr(behaviour.first_token_delay_s * 1000),
         "--inter-token-ms",
@@ -715,7 +715,7 @@ def spawn_stub(behaviour: StubBehaviour, *, python: str = sys.executable, timeou
 
 def main(argv: list[str] | None = None) -> int:
     """Run the stub in the foreground; prints ``READY <base url>`` once listening, stops on SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m shared.bench.stub_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.stub_server", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--first-token-delay-ms", type=float, default=0.0)

@@ -3,7 +3,7 @@
 Why: vLLM checks its API key only under ``/v1``. Everything else it serves (``/tokenize``, ``/pooling``,
 ``/reset_prefix_cache``, ``/sleep``, ``/collective_rpc``, ``/server_info``, ...) answers whoever can connect, so a
 firewall rule was the only guard. On a TPU VM vLLM now listens on a unix socket only, in a container with no
-network, and this proxy (``python -m shared.bench.serving_proxy``, shipped in the node-agent bundle and started by
+network, and this proxy (``python -m node_agent.serving_proxy``, shipped in the node-agent bundle and started by
 the startup script in a container of its own on the VM's network) is what the serving port reaches:
 
 * only the method and path pairs of :data:`ROUTES` pass, compared exactly (no query string, no normalisation): any
@@ -516,7 +516,7 @@ def _deployment_id(text: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m shared.bench.serving_proxy",
+        prog="python -m node_agent.serving_proxy",
         description="Key-checking, allow-listing reverse proxy in front of vLLM's unix socket.",
     )
     parser.add_argument("--listen", type=_listen_address, required=True, help="HOST:PORT, e.g. 0.0.0.0:8000")
@@ -543,7 +543,7 @@ async def _run(proxy: ServingProxy, host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m shared.bench.serving_proxy``."""
+    """Entry point of ``python -m node_agent.serving_proxy``."""
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
     try:

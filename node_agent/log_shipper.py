@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.bench.log_lines import MAX_LINE_CHARS, clean_log_line
+from node_agent.log_lines import MAX_LINE_CHARS, clean_log_line
 from shared.domain.errors import CloudError, ControllerError, ErrorClass
 from shared.domain.vllm_logs import VllmLogParser
 from shared.ports import ContainerLogs, LogSink, NodeLogLine

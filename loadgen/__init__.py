@@ -1,0 +1,7 @@
+"""The load generator: benchmarks an OpenAI-compatible server the way vLLM's own ``bench serve`` measures it.
+
+Modules: ``generator`` (the sweep over concurrency or request rate), ``stats`` (vLLM's definitions of TTFT,
+TPOT, ITL and the knee), ``sse`` (stream parsing), ``transport`` (lean HTTP/1.1 for httpx), ``datasets``
+(exact-length prompts), ``report`` and ``plots`` (table, SVG/PNG). ``python -m loadgen`` is its command line;
+the node agent runs it on the VM.
+"""
