@@ -63,8 +63,8 @@ from benchmarks.capacity_search_results import (
     summarise,
     target_table,
 )
+from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World, load_scenario
-from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
@@ -134,7 +134,7 @@ class Policy(ABC):
 
     name = ""
 
-    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: InProcessTpuApi) -> None:
         self.plan = plan
         self.world = world
         self.tpu = tpu
@@ -165,7 +165,7 @@ class Ours(Policy):
         self,
         plan: ScenarioPlan,
         world: World,
-        tpu: WorldTpuApi,
+        tpu: InProcessTpuApi,
         folder: Path,
         planner: PlannerPolicy | None = None,
         *,
@@ -227,7 +227,7 @@ class Sequential(Policy):
 
     name = "sequential"
 
-    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: InProcessTpuApi) -> None:
         super().__init__(plan, world, tpu)
         self.queue = [(zone, tier) for zone in sorted(self.spec.zones) for tier in plan.tiers]
         self.current: tuple[str, str, Tier] | None = None
@@ -313,7 +313,7 @@ class SkyPilot(Policy):
 
     name = "skypilot"
 
-    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: InProcessTpuApi) -> None:
         super().__init__(plan, world, tpu)
         pairs = [(zone, tier) for zone in self.spec.zones for tier in plan.tiers]
         self.pairs = sorted(pairs, key=lambda p: (self._price(*p), p[0].rsplit("-", 1)[0], p[0], p[1].value))
@@ -418,7 +418,7 @@ class Bound(Policy):
 
     name = "bound"
 
-    def __init__(self, plan: ScenarioPlan, world: World, tpu: WorldTpuApi) -> None:
+    def __init__(self, plan: ScenarioPlan, world: World, tpu: InProcessTpuApi) -> None:
         super().__init__(plan, world, tpu)
         self.pairs = [(zone, tier) for zone in self.spec.zones for tier in plan.tiers]
         self.live: dict[tuple[str, Tier], str] = {}
@@ -501,7 +501,7 @@ def became_active_s(world: World, name: str, now_s: float, kinds: tuple[str, ...
 
 
 class CountsCalls(Protocol):
-    """An adapter that counts the API calls it made (``WorldTpuApi``, the back-end benchmark's ``PinnedTpu``)."""
+    """An adapter that counts the API calls it made (``InProcessTpuApi``, the back-end benchmark's ``PinnedTpu``)."""
 
     @property
     def total_calls(self) -> int: ...
@@ -582,7 +582,7 @@ def _close_books(
 def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> RunResult:
     started = time.perf_counter()
     world = seeded_world(plan, seed)
-    tpu = WorldTpuApi(world)
+    tpu = InProcessTpuApi(world)
     policy: Policy
     if policy_name == "ours":
         policy = Ours(plan, world, tpu, folder)

@@ -10,8 +10,8 @@ search, SkyPilot-style failover), run on the same seeded worlds, but each may be
 Scenarios: the shipped ``scarce-v6e`` and ``spot-preemptions`` (every zone offered through both APIs,
 so a back end changes only the API, not the capacity) and ``mixed-backends``
 (``benchmarks/scenarios/mixed-backends.yaml``: zones offered only through Compute Engine, only through
-the TPU API, or both). All calls go through the real adapters in-process (``WorldTpuApi`` and
-``WorldComputeTpu``, the real google-cloud clients without sockets) behind ``MultiBackendTpu``.
+the TPU API, or both). All calls go through the real adapters in-process (``InProcessTpuApi`` and
+``InProcessComputeTpu``, the real google-cloud clients without sockets) behind ``MultiBackendTpu``.
 
 Measured per run, as in ``capacity_search.py``: virtual minutes to an ACTIVE slice, chip-hours billed
 but not served, API calls, orphans, availability; plus the most slices ACTIVE at once for the
@@ -53,9 +53,9 @@ from capacity_search import (
     summarise,
 )
 
+from localcloud.in_process_compute import InProcessComputeTpu
+from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World
-from localcloud.world_compute import WorldComputeTpu
-from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.multi_backend_tpu import MultiBackendTpu
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
@@ -83,8 +83,8 @@ class PinnedTpu:
     """Both adapters behind one router; creates go to ``backend`` unless the request names one (ours)."""
 
     def __init__(self, world: World, backend: Backend) -> None:
-        self.tpu_api = WorldTpuApi(world)
-        self.compute = WorldComputeTpu(world)
+        self.tpu_api = InProcessTpuApi(world)
+        self.compute = InProcessComputeTpu(world)
         self.router = MultiBackendTpu({Backend.TPU_API: self.tpu_api, Backend.COMPUTE_ENGINE: self.compute})
         self.backend = backend
 

@@ -12,24 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from localcloud.vm_twin.vm import VmFleet
+from shared.domain.attempts import Step, outcome_text
 from shared.domain.models import AttemptLog, DeploymentRecord
 from shared.ports import StateStore
 
 __all__ = ["ProgressLine", "ProgressTracker", "describe_attempt", "hunt_summary"]
-
-_OUTCOME_TEXT = {
-    "requested": "requested",
-    "active": "ACTIVE",
-    "expired": "gave up: still queued at its valid-until (stockout)",
-    "gave_up": "gave up: still queued past its valid-until",
-    "deleting": "deleting",
-    "deleted": "deleted",
-    "hedge_lost": "hedge lost",
-    "preempted": "PREEMPTED",
-    "stuck": "stuck provisioning",
-    "failed": "failed",
-    "adopted": "adopted",
-}
 
 
 @dataclass(frozen=True)
@@ -48,11 +35,11 @@ class ProgressLine:
 
 def describe_attempt(attempt: AttemptLog) -> str:
     """``us-east5-b spot: gave up: … (stockout)`` style text for one attempt log entry."""
-    outcome = _OUTCOME_TEXT.get(attempt.outcome, attempt.outcome.replace("_", " "))
+    outcome = outcome_text(attempt.outcome)
     detail = attempt.detail.strip()
-    if attempt.outcome == "requested":
+    if attempt.outcome is Step.REQUESTED:
         return f"{attempt.zone} {attempt.tier.value}: requested {detail}"
-    if attempt.outcome in ("expired", "gave_up"):
+    if attempt.outcome in (Step.EXPIRED, Step.GAVE_UP):
         return f"{attempt.zone} {attempt.tier.value}: {outcome}"
     text = f"{attempt.zone} {attempt.tier.value}: {outcome}"
     return f"{text} ({detail})" if detail else text
@@ -134,18 +121,7 @@ class ProgressTracker:
         return lines
 
 
-_WHY = {
-    "checked": "no capacity in a capacity check",
-    "expired": "stockout (still queued at its valid-until)",
-    "gave_up": "stockout (queued past its valid-until)",
-    "active": "ACTIVE",
-    "preempted": "preempted",
-    "hedge_lost": "hedge lost",
-    "stuck": "stuck provisioning",
-    "failed": "failed",
-    "ended": "flex-start run ended",
-}
-_QUIET = frozenset({"requested", "deleting", "deleted", "adopted"})
+_QUIET = frozenset({Step.REQUESTED, Step.DELETING, Step.DELETED, Step.ADOPTED})
 
 
 def hunt_summary(attempts: list[AttemptLog]) -> list[tuple[str, int, list[str]]]:
@@ -159,15 +135,15 @@ def hunt_summary(attempts: list[AttemptLog]) -> list[tuple[str, int, list[str]]]
             order.append(pair)
             requests[pair] = 0
             outcomes[pair] = []
-        if attempt.outcome == "requested":
+        if attempt.outcome is Step.REQUESTED:
             requests[pair] += 1
             continue
-        if attempt.outcome == "deleting" and attempt.detail.startswith("capacity found in "):
+        if attempt.outcome is Step.DELETING and attempt.detail.startswith("capacity found in "):
             why = f"hedge: dropped, {attempt.detail}"
         elif attempt.outcome in _QUIET:
             continue
         else:
-            why = _WHY.get(attempt.outcome, f"{attempt.outcome.replace('_', ' ')}")
+            why = outcome_text(attempt.outcome)
         if why not in outcomes[pair]:
             outcomes[pair].append(why)
     return [(pair, requests[pair], outcomes[pair]) for pair in order]

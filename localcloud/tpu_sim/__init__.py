@@ -38,15 +38,15 @@ events, nodes/{zone}/{node}/endpoint); see ``server.py``. Command line:
 
 from localcloud.tpu_sim.scenario import Scenario, ScenarioError, available_scenarios, load_scenario
 from localcloud.tpu_sim.server import SimServer
-from localcloud.tpu_sim.world import NodeEvent, SimClock, World
+from localcloud.tpu_sim.world import NodeEvent, World, WorldClock
 
 __all__ = [
     "NodeEvent",
     "Scenario",
     "ScenarioError",
-    "SimClock",
     "SimServer",
     "World",
+    "WorldClock",
     "available_scenarios",
     "load_scenario",
 ]

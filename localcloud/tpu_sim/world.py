@@ -32,14 +32,14 @@ from localcloud.tpu_sim.tpu_lifecycle import TpuResources
 from localcloud.tpu_sim.tpu_validation import check_project, check_zone
 from localcloud.tpu_sim.wire import family_of_quota, format_time
 
-__all__ = ["NodeEvent", "SimClock", "World"]
+__all__ = ["NodeEvent", "World", "WorldClock"]
 
 LEFTOVER_QR_STATES = ("FAILED", "SUSPENDED")
 _PREEMPTIBLE_NODE_STATES = ("READY", "CREATING", "STARTING", "STOPPING", "REPAIRING")
 
 
-class SimClock:
-    """The world's virtual time as a ``shared.ports.Clock`` (``now()`` UTC-aware, ``monotonic()`` seconds)."""
+class WorldClock:
+    """The world's virtual time read in-process, as a ``shared.ports.Clock`` (``SimulatorClock`` reads it over HTTP)."""
 
     def __init__(self, world: World) -> None:
         self._world = world
@@ -84,7 +84,7 @@ class World(TpuApi):
         if time_scale < 0:
             raise ValueError("time_scale: must be >= 0 (0 = time moves only on advance())")
         self.seed = self.scenario.seed if seed is None else seed
-        self.clock = SimClock(self)
+        self.clock = WorldClock(self)
         self.kernel = SimKernel(self.scenario, time_scale=time_scale, seed=self.seed)
         self._compose()
 

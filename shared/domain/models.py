@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from shared.domain.attempts import Step
+from shared.domain.errors import ErrorClass
+
 __all__ = [
     "ACCELERATOR_TYPES",
     "MODEL_PRESET_NAMES",
@@ -285,7 +288,7 @@ class AttemptLog(BaseModel):
     at: UtcDateTime
     zone: str
     tier: Tier
-    outcome: str  # requested | active | error class value | deleted | expired
+    outcome: Step | ErrorClass  # shared.domain.attempts: a planner step, or the error class that ended it
     detail: str = ""
 
 

@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
+from shared.domain.attempts import Step
 from shared.domain.backends import blocking_entry_for, learn_for_backend, rank_backends
 from shared.domain.boot_progress import BOOT_FAILED
 from shared.domain.cloud import LABEL_GENERATION, ObservedResource, accelerator_family
@@ -221,7 +222,7 @@ class _Planning(PlanningPass):
             )
             self.refs[ref.name] = ref
             self.status.next_attempt = max(self.status.next_attempt, attempt + 1)
-            self.log(ref, "adopted", "found by label with no record of it")
+            self.log(ref, Step.ADOPTED, "found by label with no record of it")
 
     def refresh(self) -> None:
         """Fold observations and operation outcomes into the refs; drop the ones that are gone."""
@@ -237,7 +238,7 @@ class _Planning(PlanningPass):
                 ref.tier = seen.tier or ref.tier
                 if seen.state is QueuedResourceState.ACTIVE and ref.active_at is None:
                     ref.active_at = self.now
-                    self.log(ref, "active", f"ACTIVE after {self.age_s(ref.created_at) / 60:.1f} min")
+                    self.log(ref, Step.ACTIVE, f"ACTIVE after {self.age_s(ref.created_at) / 60:.1f} min")
             if outcome is not None and outcome.done:
                 ref.operation = None
                 if outcome.failure is not None and self.create_failed(ref, outcome.failure, seen):
@@ -278,26 +279,26 @@ class _Planning(PlanningPass):
         detail = failure.message[:200]
         if seen is not None:
             # The request lingers (e.g. FAILED after an operation error): delete it, keep the ref until gone.
-            self.log(ref, cls.value, detail)
+            self.log(ref, cls, detail)
             ref.state = QueuedResourceState.FAILED
             self.request_delete(ref, f"create failed: {cls.value}")
             return False
-        self.drop(ref, cls.value, detail)
+        self.drop(ref, cls, detail)
         return True
 
     def refresh_unseen(self, ref: ResourceRef) -> None:
         if ref.delete_requested_at is not None and ref.state is not QueuedResourceState.UNKNOWN:
-            self.drop(ref, "deleted", "confirmed gone")
+            self.drop(ref, Step.DELETED, "confirmed gone")
             self.forget(quota_released(self.memory, ref.zone))
             return
         if ref.state is QueuedResourceState.UNKNOWN:
             if self.age_s(ref.created_at) > self.policy.expectation_timeout_s:
-                self.drop(ref, "expired", "create never confirmed")
+                self.drop(ref, Step.EXPIRED, "create never confirmed")
             return
         confirmed_recently = ref.operation is not None or self.age_s(ref.created_at) <= self.policy.list_grace_s
         if ref.state is QueuedResourceState.CREATING and confirmed_recently:
             return
-        self.drop(ref, "vanished", f"last seen {ref.state.value}; no longer listed")
+        self.drop(ref, Step.VANISHED, f"last seen {ref.state.value}; no longer listed")
         self.forget(quota_released(self.memory, ref.zone))
 
     def teardown_reason(self) -> str | None:
@@ -339,7 +340,7 @@ class _Planning(PlanningPass):
             if ref.name in self.observed:
                 self.request_delete(ref, "the boot failed")
             elif ref.state is QueuedResourceState.UNKNOWN:
-                self.drop(ref, "cancelled", "create never confirmed")
+                self.drop(ref, Step.CANCELLED, "create never confirmed")
         if not self.refs:
             self.status.endpoint = None
 
@@ -352,7 +353,7 @@ class _Planning(PlanningPass):
             if ref.name in self.observed:
                 self.request_delete(ref, why)
             elif ref.state is QueuedResourceState.UNKNOWN:
-                self.drop(ref, "cancelled", "create never confirmed")
+                self.drop(ref, Step.CANCELLED, "create never confirmed")
         if self.refs:
             self.set_phase(Phase.STOPPING if stopping else Phase.DELETING)
             self.status.message = f"{why}: waiting for {len(self.refs)} resource(s) to be gone"
@@ -403,16 +404,16 @@ class _Planning(PlanningPass):
                 if ref.active_at is None:
                     detail = seen.error_message or "no capacity before valid-until"
                     self.learn_empty(ref, detail)
-                    self.log(ref, "expired", detail)
+                    self.log(ref, Step.EXPIRED, detail)
                 else:
-                    self.log(ref, "failed", seen.error_message or "failed after ACTIVE")
+                    self.log(ref, Step.FAILED, seen.error_message or "failed after ACTIVE")
                 self.request_delete(ref, "queued resource FAILED")
             elif ref.tier is Tier.FLEX_START and not preempted and seen.state_initiator != "USER":
-                self.log(ref, "ended", "flex-start run reached its max run duration")
+                self.log(ref, Step.ENDED, "flex-start run reached its max run duration")
                 self.notes.append(f"flex-start run in {ref.zone} ended normally")
                 self.request_delete(ref, "flex-start run ended (SUSPENDED by the service)")
             elif seen.state_initiator == "USER" and not preempted:
-                self.log(ref, "suspended", "suspended by a user action")
+                self.log(ref, Step.SUSPENDED, "suspended by a user action")
                 self.request_delete(ref, "suspended by a user action")
             else:
                 if ref.tier in (Tier.SPOT, Tier.FLEX_START):
@@ -426,7 +427,7 @@ class _Planning(PlanningPass):
                             policy=self.policy.memory,
                         )
                     )
-                self.log(ref, "preempted", f"node {ref.node_state.value if ref.node_state else 'gone'}")
+                self.log(ref, Step.PREEMPTED, f"node {ref.node_state.value if ref.node_state else 'gone'}")
                 self.notes.append(f"preempted in {ref.zone}")
                 self.request_delete(ref, "preempted")
 
@@ -437,7 +438,7 @@ class _Planning(PlanningPass):
             if ref is not winner:
                 self.request_delete(ref, f"capacity found in {winner.zone} ({winner.tier.value})")
                 if ref.state is QueuedResourceState.ACTIVE:
-                    self.log(ref, "hedge_lost", "a second slice came up; the first one is kept")
+                    self.log(ref, Step.HEDGE_LOST, "a second slice came up; the first one is kept")
         previous_winner = _winner_of(self.before, self.generation)
         handed_over = self.status.phase is Phase.SERVING and self.status.observed_generation == self.generation
         for ref in older:
@@ -564,7 +565,7 @@ class _Planning(PlanningPass):
         minutes = self.age_s(ref.created_at) / 60
         detail = f"no capacity after a {minutes:.0f}-minute capacity check; the request stays queued"
         self.learn_empty(ref, detail)
-        self.log(ref, "parked", detail)
+        self.log(ref, Step.PARKED, detail)
 
     def give_up_if_overdue(self, ref: ResourceRef) -> bool:
         """Past its capacity check or its own valid-until, or PROVISIONING too long: force-delete, cool the pair."""
@@ -574,14 +575,14 @@ class _Planning(PlanningPass):
             minutes = self.age_s(ref.created_at) / 60
             detail = f"no capacity after a {minutes:.0f}-minute capacity check"
             self.learn_empty(ref, detail)
-            self.log(ref, "checked", detail)
+            self.log(ref, Step.CHECKED, detail)
             self.request_delete(ref, "capacity check over; trying elsewhere")
             return True
         if queued and ref.created_at is not None:
             deadline = ref.created_at + timedelta(minutes=self.spec.valid_until_minutes)
             if self.now >= deadline + timedelta(seconds=self.policy.waiting_overdue_s):
                 self.learn_empty(ref, "still queued past valid-until")
-                self.log(ref, "gave_up", "still queued past its valid-until")
+                self.log(ref, Step.GAVE_UP, "still queued past its valid-until")
                 self.request_delete(ref, "queued past valid-until")
                 return True
         if ref.state is QueuedResourceState.PROVISIONING:
@@ -598,7 +599,7 @@ class _Planning(PlanningPass):
                         policy=self.policy.memory,
                     )
                 )
-                self.log(ref, "stuck", f"PROVISIONING for {minutes:.0f} min without becoming ACTIVE")
+                self.log(ref, Step.STUCK, f"PROVISIONING for {minutes:.0f} min without becoming ACTIVE")
                 self.request_delete(ref, "stuck provisioning")
                 return True
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
+from shared.domain.attempts import AttemptOutcome, Step
 from shared.domain.backends import blocking_entry_for, candidate_backends
 from shared.domain.cloud import ObservedResource, ProvisionRequest
 from shared.domain.errors import ErrorClass
@@ -100,7 +101,7 @@ class PlanningPass:
                 del self.memory[key]
                 self.memory_actions.append(ForgetZone(key))
 
-    def log(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
+    def log(self, ref: ResourceRef, outcome: AttemptOutcome, detail: str = "") -> None:
         self.attempts.append(
             AttemptLog(at=self.now, zone=ref.zone, tier=ref.tier, outcome=outcome, detail=detail[:300])
         )
@@ -108,7 +109,7 @@ class PlanningPass:
     def age_s(self, since: datetime | None) -> float:
         return (self.now - since).total_seconds() if since is not None else 0.0
 
-    def drop(self, ref: ResourceRef, outcome: str, detail: str = "") -> None:
+    def drop(self, ref: ResourceRef, outcome: AttemptOutcome, detail: str = "") -> None:
         self.refs.pop(ref.name, None)
         self.log(ref, outcome, detail)
 
@@ -119,7 +120,7 @@ class PlanningPass:
             return
         if ref.delete_requested_at is None:
             ref.delete_requested_at = self.now
-            self.log(ref, "deleting", reason)
+            self.log(ref, Step.DELETING, reason)
         if seen.state is QueuedResourceState.DELETING:
             return
         self.deleting.add(ref.name)
@@ -174,7 +175,7 @@ class PlanningPass:
         )
         self.refs[name] = ref
         self.tokens -= 1
-        self.log(ref, "requested", name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}")
+        self.log(ref, Step.REQUESTED, name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}")
         self.calls.append(CreateQueuedResource(self.build_request(ref)))
 
     def reissue_create(self, ref: ResourceRef) -> None:

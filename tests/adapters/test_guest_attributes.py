@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from localcloud.world_compute import WorldComputeTpu
-from localcloud.world_tpu import WorldTpuApi
+from localcloud.in_process_compute import InProcessComputeTpu
+from localcloud.in_process_tpu import InProcessTpuApi
 from shared.domain.boot_progress import BOOT_QUERY_PATH, GuestAttribute
 from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
@@ -112,7 +112,7 @@ class TestTpuApi:
 
     def test_in_process_the_same_client_reads_the_same(self, tpu: TpuSimHandle) -> None:
         write(tpu.world)
-        assert list(WorldTpuApi(tpu.world).guest_attributes(ZONE, NODE, BOOT_QUERY_PATH)) == EXPECTED
+        assert list(InProcessTpuApi(tpu.world).guest_attributes(ZONE, NODE, BOOT_QUERY_PATH)) == EXPECTED
 
     @pytest.mark.parametrize("name", ["", "../x", "a/b", "x" * 129, "phase\n"])
     def test_a_name_that_is_not_one_path_segment_is_refused(self, tpu: TpuSimHandle, name: str) -> None:
@@ -141,7 +141,7 @@ class TestComputeEngine:
         assert ce.ce.guest_attributes(ZONE, NODE, BOOT_QUERY_PATH) == []  # Compute's 404 for an empty path
         write(ce.world)
         assert list(ce.ce.guest_attributes(ZONE, NODE, BOOT_QUERY_PATH)) == EXPECTED
-        assert list(WorldComputeTpu(ce.world).guest_attributes(ZONE, NODE, BOOT_QUERY_PATH)) == EXPECTED
+        assert list(InProcessComputeTpu(ce.world).guest_attributes(ZONE, NODE, BOOT_QUERY_PATH)) == EXPECTED
 
     def test_the_wire_is_compute_s_guest_attributes_resource(self, ce: ComputeSimHandle) -> None:
         write(ce.world)

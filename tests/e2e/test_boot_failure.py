@@ -20,8 +20,8 @@ from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
 from localcloud.vm_twin.vm import unshare_available
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
-from mcp_client_gateway.ports import build_ports
 from shared.domain.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -30,8 +30,8 @@ from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.emulators import EMULATORS, find_emulator
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
-from mcp_client_gateway.ports import build_ports
 from shared.domain.models import Phase
 from shared.messages import CreateDeployment, encode_message, message_attributes
 

@@ -25,9 +25,9 @@ from localcloud.emulators import EMULATORS, find_emulator
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
 from localcloud.vm_twin.vm import TwinVm, unshare_available
+from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
-from mcp_client_gateway.ports import build_ports
 from shared.domain.models import Phase, RejectedMessage
 from shared.messages import NodeBooted, RestartServing, encode_message, message_attributes, new_command_id
 

@@ -7,7 +7,7 @@ one that stalls past its lease). Then the faults stop, the system settles, one m
 and every run must show: at most one ACTIVE queued resource per deployment, zero orphans, no stale
 FAILED/SUSPENDED leftover, and records that match the simulator.
 
-The seeded runs call the simulator in-process (``WorldTpuApi``: the real adapter's normalisation and
+The seeded runs call the simulator in-process (``InProcessTpuApi``: the real adapter's normalisation and
 error mapping, without sockets) to stay fast; a few seeds also run over HTTP with the real
 google-cloud-tpu client. Stores live in /dev/shm when it exists (SQLite fsyncs every write).
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World
-from localcloud.world_tpu import WorldTpuApi
 from shared.domain.models import DeploymentSpec, Tier
 from shared.entry import PubSubPayload
 from shared.messages import (
@@ -151,7 +151,7 @@ def test_hundreds_of_chaotic_runs_settle_safely(fast_dir: Path) -> None:
     seen: Counter[str] = Counter()
     for seed in range(RUNS):
         world = World(_world(seed, random.Random(seed * 7919)))
-        report = _chaos_run(seed, world, WorldTpuApi(world), fast_dir / f"run-{seed}.db")
+        report = _chaos_run(seed, world, InProcessTpuApi(world), fast_dir / f"run-{seed}.db")
         crashes += report.counts["crashed"]
         seen.update(report.counts)
         failures += [f"seed {seed}: {problem}" for problem in report.problems]

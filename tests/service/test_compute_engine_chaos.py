@@ -10,7 +10,7 @@ stale leftover, and records that match the simulated world.
 Worlds: ``compute`` runs put every deployment on Compute Engine; ``mixed`` runs offer some zones only
 through Compute Engine, some only through the TPU API and some through both, with deployments on
 ``compute-engine``, ``tpu-api`` or ``any``. The seeded runs call the simulator in-process through the real
-clients (``WorldTpuApi``, ``WorldComputeTpu``: no sockets); a few seeds also run over HTTP.
+clients (``InProcessTpuApi``, ``InProcessComputeTpu``: no sockets); a few seeds also run over HTTP.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from localcloud.in_process_compute import InProcessComputeTpu
+from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World
-from localcloud.world_compute import WorldComputeTpu
-from localcloud.world_tpu import WorldTpuApi
 from shared.adapters.multi_backend_tpu import MultiBackendTpu
 from shared.domain.models import Backend, DeploymentSpec, Tier
 from shared.messages import (
@@ -181,7 +181,9 @@ def fast_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def in_process(world: World) -> MultiBackendTpu:
-    return MultiBackendTpu({Backend.COMPUTE_ENGINE: WorldComputeTpu(world), Backend.TPU_API: WorldTpuApi(world)})
+    return MultiBackendTpu(
+        {Backend.COMPUTE_ENGINE: InProcessComputeTpu(world), Backend.TPU_API: InProcessTpuApi(world)}
+    )
 
 
 @pytest.mark.parametrize(("mixed", "runs"), [(False, COMPUTE_RUNS), (True, MIXED_RUNS)], ids=["compute", "mixed"])

@@ -25,7 +25,7 @@ from google.oauth2.credentials import Credentials as TokenCredentials
 
 from localcloud.vm_twin.google_apis import GoogleApis
 from localcloud.vm_twin.metadata_server import TokenIssuer, VmIdentity
-from mcp_client_gateway.ports import build_ports
+from mcp_client_gateway.composition import build_ports
 from shared.adapters.cloud_logging import CloudLoggingReader, build_filter
 from shared.adapters.file_secrets import FileSecretStore
 from shared.config import Settings

@@ -28,9 +28,9 @@ def test_each_pair_says_why_it_ended_in_the_order_it_was_first_tried() -> None:
         attempt(41, "us-east5-a", Tier.SPOT, "deleted", "confirmed gone"),
     ]
     assert hunt_summary(attempts) == [
-        ("us-central1-b spot", 1, ["stockout (still queued at its valid-until)"]),
+        ("us-central1-b spot", 1, ["gave up: still queued at its valid-until (stockout)"]),
         ("us-east5-b spot", 1, ["ACTIVE"]),
-        ("us-central1-b flex_start", 1, ["unsupported"]),
+        ("us-central1-b flex_start", 1, ["not offered here"]),
         ("us-east5-a spot", 1, ["hedge: dropped, capacity found in us-east5-b (spot)"]),
     ]
 

@@ -1,7 +1,7 @@
 """The real Compute Engine adapter with the simulator called in-process: the real client, no sockets.
 
 Why: the chaos suite and the capacity-search benchmark run thousands of reconciles; loopback HTTP would
-dominate their time. :class:`WorldComputeTpu` *is* :class:`~shared.adapters.compute_engine_tpu.ComputeEngineTpu`
+dominate their time. :class:`InProcessComputeTpu` *is* :class:`~shared.adapters.compute_engine_tpu.ComputeEngineTpu`
 with the real google-cloud-compute clients (request building, JSON parsing, error mapping untouched);
 only their HTTP session gets a transport adapter that hands each request to
 :func:`~localcloud.tpu_sim.compute_wire.compute_dispatch` and wraps the answer in a ``requests.Response``.
@@ -23,7 +23,7 @@ from localcloud.tpu_sim.compute_wire import ROUTES, compute_dispatch
 from localcloud.tpu_sim.world import World
 from shared.adapters.compute_engine_tpu import ComputeEngineTpu
 
-__all__ = ["WorldComputeTpu"]
+__all__ = ["InProcessComputeTpu"]
 
 _BASE = "http://world.invalid"
 
@@ -64,7 +64,7 @@ class _WorldAdapter(BaseAdapter):
         return None
 
 
-class WorldComputeTpu(ComputeEngineTpu):
+class InProcessComputeTpu(ComputeEngineTpu):
     """``ComputeEngineTpu`` on a :class:`World` in this process (for chaos tests and benchmarks)."""
 
     def __init__(self, world: World, **options: Any) -> None:

@@ -1,7 +1,7 @@
 """The real TPU adapter with the simulator called in-process: no sockets, same normalisation and errors.
 
 Why: the chaos suite (hundreds of seeded runs) and the capacity-search benchmark (thousands) would spend
-their time in loopback HTTP. :class:`WorldTpuApi` *is* :class:`~shared.adapters.gcp_tpu.GcpTpuApi`,
+their time in loopback HTTP. :class:`InProcessTpuApi` *is* :class:`~shared.adapters.gcp_tpu.GcpTpuApi`,
 keeping its request building, state tables and error classification, but its google-cloud-tpu client is
 replaced by :class:`_WorldClient`, which hands the same JSON the wire would carry straight to the
 :class:`~localcloud.tpu_sim.World`. Injected faults (``world.inject_fault``) apply as they would over
@@ -25,7 +25,7 @@ from localcloud.tpu_sim.world import World
 from shared.adapters.gcp_tpu import GcpTpuApi, classify_tpu_error
 from shared.domain.errors import CloudError
 
-__all__ = ["WorldTpuApi"]
+__all__ = ["InProcessTpuApi"]
 
 _LOCATION = re.compile(r"^projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)")
 _REST = re.compile(
@@ -208,7 +208,7 @@ class _WorldClient:
         )
 
 
-class WorldTpuApi(GcpTpuApi):
+class InProcessTpuApi(GcpTpuApi):
     """``GcpTpuApi`` wired to a simulator world in the same process."""
 
     def __init__(self, world: World, *, project: str | None = None) -> None:
