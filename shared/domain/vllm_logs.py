@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["SEVERITY_RANK", "VllmLine", "VllmLogParser", "severities"]
+__all__ = ["PROBE_PATHS", "SEVERITY_RANK", "VllmLine", "VllmLogParser", "is_probe_access", "severities"]
 
 Severity = Literal["DEFAULT", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 SEVERITY_RANK: dict[str, int] = {"DEFAULT": 0, "DEBUG": 100, "INFO": 200, "WARNING": 400, "ERROR": 500, "CRITICAL": 600}
@@ -45,7 +45,11 @@ _LEVELS: dict[str, Severity] = {
 }
 _VLLM = re.compile(r"^(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[")
 _UVICORN = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(.*)$")
-_ACCESS = re.compile(r'^\S+ - "[A-Z]+ \S+ HTTP/[\d.]+" (\d{3})\b')
+# ``host:port - "GET /path HTTP/1.1" 200``; behind the serving proxy vLLM listens on a unix socket and the client
+# part is empty (``- "GET /path ..."``).
+_ACCESS = re.compile(r'^(?:\S+ )?- "(?P<method>[A-Z]+) (?P<path>[^\s?]+)\S* HTTP/[\d.]+" (\d{3})\b')
+# What the monitor and the serving proxy's checks ask every tick: a success here is noise to a person reading.
+PROBE_PATHS = frozenset({"/health", "/v1/models", "/metrics", "/version", "/ping"})
 _GLOG = re.compile(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d+(?:\.\d+)?\s")
 _GLOG_LEVELS: dict[str, Severity] = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _PY_WARNING = re.compile(r"^\S.*?:\d+: [A-Z]\w*Warning: ")
@@ -103,6 +107,24 @@ def severities(lines: Iterable[str]) -> list[Severity]:
     return [parser.parse(line).severity for line in lines]
 
 
+def is_probe_access(line: str) -> bool:
+    """Whether ``line`` is vLLM's access line for a probe that succeeded (``GET /health`` 200 and the like).
+
+    The monitor probes every deployment each tick, so these fill a log tail; readers leave them out unless asked.
+    A probe that failed (4xx, 5xx) is not one of them: it is what a person is looking for.
+    """
+    head = line[:_MAX_EXAMINED].rstrip("\r\n")
+    prefix = _PREFIX.match(head)
+    uvicorn = _UVICORN.match(head[prefix.end() :] if prefix else head)
+    access = _ACCESS.match(uvicorn.group(2)) if uvicorn else None
+    return (
+        access is not None
+        and access.group("method") in ("GET", "HEAD")
+        and access.group("path") in PROBE_PATHS
+        and access.group(3)[0] == "2"
+    )
+
+
 def _judge(body: str) -> tuple[Severity, bool]:
     """(severity, whether the line opens a traceback) of a line that continues nothing."""
     if body.startswith(_TRACEBACK):
@@ -111,8 +133,8 @@ def _judge(body: str) -> tuple[Severity, bool]:
         return _LEVELS[match.group(1)], False
     if match := _UVICORN.match(body):
         status = _ACCESS.match(match.group(2))
-        if status is not None and status.group(1)[0] in "45":
-            return ("ERROR" if status.group(1)[0] == "5" else "WARNING"), False
+        if status is not None and status.group(3)[0] in "45":
+            return ("ERROR" if status.group(3)[0] == "5" else "WARNING"), False
         return _LEVELS[match.group(1)], False
     if match := _GLOG.match(body):
         return _GLOG_LEVELS[match.group(1)], False

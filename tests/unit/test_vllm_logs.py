@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.domain.vllm_logs import VllmLogParser, severities
+from shared.domain.vllm_logs import VllmLogParser, is_probe_access, severities
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 SERVE = (FIXTURES / "real_vllm_serve.log").read_text(encoding="utf-8").splitlines()
@@ -162,3 +162,32 @@ def test_a_huge_line_is_judged_by_its_head_quickly() -> None:
     line = "(APIServer pid=1) WARNING 12-03 19:32:07 [x.py:1] " + "(" * 200_000
     assert VllmLogParser().parse(line).severity == "WARNING"
     assert VllmLogParser().parse("(" * 200_000 + " pid=1) ERROR").severity == "DEFAULT"
+
+
+class TestProbeAccessLines:
+    """The monitor's own probes are noise in a log tail; a probe that failed is not."""
+
+    @pytest.mark.parametrize(
+        ("line", "probe"),
+        [
+            ('INFO:     127.0.0.1:53956 - "GET /health HTTP/1.1" 200 OK', True),
+            ('INFO:      - "GET /metrics HTTP/1.1" 200 OK', True),  # behind the serving proxy: a unix socket
+            ('(APIServer pid=8814) INFO:     127.0.0.1:2 - "GET /v1/models?x=1 HTTP/1.1" 200 OK', True),
+            ('INFO:     127.0.0.1:54982 - "GET /v1/models HTTP/1.1" 401 Unauthorized', False),
+            ('INFO:      - "GET /health HTTP/1.1" 503 Service Unavailable', False),
+            ('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK', False),
+            ('INFO:     127.0.0.1:1 - "GET /healthz/../v1/admin HTTP/1.1" 200 OK', False),
+            ("(APIServer pid=8814) INFO 12-03 19:50:40 [launcher.py:195] Route: /health, Methods: GET", False),
+        ],
+    )
+    def test_only_successful_probe_gets_are_probe_lines(self, line: str, probe: bool) -> None:
+        assert is_probe_access(line) is probe
+
+    def test_an_access_line_through_a_unix_socket_is_judged_by_its_status(self) -> None:
+        assert severities(['INFO:      - "GET /health HTTP/1.1" 503 Service Unavailable']) == ["ERROR"]
+
+    def test_the_captured_serve_log_has_probe_lines_and_keeps_the_refused_ones(self) -> None:
+        lines = (FIXTURES / "real_vllm_serve.log").read_text().splitlines()
+        probes = [line for line in lines if is_probe_access(line)]
+        assert probes and all('"GET /health' in p or '"GET /v1/models' in p or '"GET /metrics' in p for p in probes)
+        assert not [p for p in probes if "401" in p], "a refused probe stays visible"
