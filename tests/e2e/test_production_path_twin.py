@@ -146,8 +146,9 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     bundle = str(cloud.settings.node_agent_bundle)
     bucket, _, name = bundle.removeprefix("gs://").partition("/")
     assert ("GET", f"/storage/v1/b/{bucket}/o/{name.replace('/', '%2F')}") in cloud.google_apis.calls
-    installed = vm.node_dir / "disk" / "var-lib" / "tpuctl" / "node-agent" / "lib" / "shared" / "bench"
-    assert (installed / "node_agent.py").is_file(), "the agent runs from the bundle the script installed"
+    installed = vm.node_dir / "disk" / "var-lib" / "tpuctl" / "node-agent" / "lib"
+    assert (installed / "node_agent" / "agent.py").is_file(), "the agent runs from the bundle the script installed"
+    assert (installed / "loadgen" / "generator.py").is_file(), "with the load generator it runs"
 
     run = demo.run_benchmark(STEP_TIMEOUT_S)
     assert run.status == "completed"
