@@ -1,6 +1,9 @@
 """``python -m localcloud up``: run the whole stack on this machine until Ctrl-C (or SIGTERM).
 
-It prints the ``TPUCTL_*`` variables that point the MCP gateway and the ``tpuctl`` CLI at the stack, then one
+It publishes how to reach the stack at a stable place, ``var/localcloud/current.json`` (the run's data folder, the
+simulator's endpoint and clock; ``shared/adapters/local_stack.py``), which a gateway or CLI started with
+``--backend local --data-dir var`` (the shipped ``mcp_config.json``) reads, and removes it on the way out. It
+also prints the ``TPUCTL_*`` variables that point the MCP gateway and the ``tpuctl`` CLI at the stack, then one
 line per deployment phase change. Ctrl-C stops everything it started and says whether anything survived.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -19,6 +23,7 @@ from localcloud.progress import ProgressTracker
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.tpu_sim import ScenarioError, available_scenarios
 from localcloud.vllm_cpu import REPO_ROOT, default_cache_dir
+from shared.adapters.local_stack import connection_path, publish, withdraw
 from shared.logging import configure_logging
 
 
@@ -38,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="state, bus, secrets and logs (default: a new var/localcloud/run-<time> folder)",
     )
+    up.add_argument(
+        "--publish-root",
+        type=Path,
+        default=REPO_ROOT / "var",
+        help="publish how to reach the stack at <this>/localcloud/current.json (default: the checkout's var, "
+        "where `--backend local --data-dir var` finds it)",
+    )
     up.add_argument("--sim-port", type=int, default=8471, help="the TPU simulator's loopback port (0 = any)")
     up.add_argument("--cache-dir", type=Path, default=None, help="where `make vllm-env tiny-model` built the tier")
     up.add_argument("--no-vllm", action="store_true", help="do not boot vLLM on READY nodes")
@@ -52,6 +64,29 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--seed", type=int, default=None, help="override the scenario's RNG seed")
     up.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
+
+
+def _announce(cloud: LocalCloud, args: argparse.Namespace) -> Path:
+    """Print how to reach the stack and publish it at the stable place; the connection file's path."""
+    print(f"local cloud up: scenario {cloud.scenario.name!r}, time x{args.time_scale:g}, data {cloud.data_dir}")
+    for group in cloud.reaped_at_start:
+        print(f"  stopped {group.what} (process group {group.pgid}), left running by a killed run (pid {group.owner})")
+    if cloud.fleet is None:
+        print("  nodes do not boot:", cloud.no_boot_reason)
+    print("point the gateway and the CLI at it with:\n")
+    for name, value in cloud.client_env().items():
+        print(f"  export {name}={value}")
+    print("\n  then e.g.  .venv/bin/tpuctl status   or   .venv/bin/python -m mcp_client_gateway (MCP over stdio)\n")
+    connection = connection_path(args.publish_root)
+    try:
+        publish(connection, cloud.client_env(), pid=os.getpid(), started_at=datetime.now(UTC).isoformat())
+    except OSError as exc:
+        print(f"localcloud: could not publish {connection} ({exc}); use the exports above", file=sys.stderr)
+    else:
+        print(f"or with `--backend local --data-dir {args.publish_root}` (the shipped mcp_config.json; it reads")
+        print(f"  {connection}, removed when the stack stops)\n")
+    print("Ctrl-C stops the stack.", flush=True)
+    return connection
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,22 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"localcloud: could not start: {exc}", file=sys.stderr)
         report = cloud.stop()
         return 1 if not report.survivors else 3
-    print(f"local cloud up: scenario {cloud.scenario.name!r}, time x{args.time_scale:g}, data {cloud.data_dir}")
-    for group in cloud.reaped_at_start:
-        print(f"  stopped {group.what} (process group {group.pgid}), left running by a killed run (pid {group.owner})")
-    if cloud.fleet is None:
-        print("  nodes do not boot:", cloud.no_boot_reason)
-    print("point the gateway and the CLI at it with:\n")
-    for name, value in cloud.client_env().items():
-        print(f"  export {name}={value}")
-    print("\n  then e.g.  .venv/bin/tpuctl status   or   .venv/bin/python -m mcp_client_gateway (MCP over stdio)\n")
-    print("Ctrl-C stops the stack.", flush=True)
-    tracker = ProgressTracker(cloud.store, cloud.fleet)
-    while not stopping.wait(1.0):
-        for line in tracker.poll(cloud.world.now()):
-            print(line.render(), flush=True)
-    print("stopping...", flush=True)
-    report = cloud.stop()
+    connection = _announce(cloud, args)
+    try:
+        tracker = ProgressTracker(cloud.store, cloud.fleet)
+        while not stopping.wait(1.0):
+            for line in tracker.poll(cloud.world.now()):
+                print(line.render(), flush=True)
+    finally:  # also when following progress fails: nothing started is left running, nothing stale published
+        withdraw(connection, pid=os.getpid())
+        print("stopping...", flush=True)
+        report = cloud.stop()
     if report.survivors:
         print(f"localcloud: process groups still alive: {report.survivors}", file=sys.stderr)
         return 3

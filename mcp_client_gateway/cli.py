@@ -2,11 +2,12 @@
 
 Data goes to stdout (rich tables, or JSON with ``--format json``); progress, prompts and errors go to
 stderr. ``--quiet`` turns off progress and prompts (a command that needs confirmation then fails unless
-``--yes`` is given) and prints only ids for commands. Destructive commands (delete, stop, restart, replacing
-the Hugging Face token) show their impact and ask for the target's name on a terminal; ``--yes`` (or
-``--confirm NAME``) confirms without a prompt. Either way the CLI obtains the core's confirmation token and
-uses it in the same invocation. Every argument is checked by the core (``bounds``), so a value out of range
-ends in one line naming the field and the fix, with exit 2. Exit codes, for scripts:
+``--yes`` is given) and prints only ids for commands. Destructive commands (delete, stop, restart, an update
+that replaces a running slice, replacing the Hugging Face token) show their impact and ask for the target's
+name on a terminal; ``--yes`` (or ``--confirm NAME``) confirms without a prompt. Either way the CLI obtains the
+core's confirmation token and uses it in the same invocation. Every argument is checked by the core
+(``bounds``), so a value out of range ends in one line naming the field and the fix, with exit 2. Exit codes,
+for scripts:
 
 ====  ===========================================================================
 0     done
@@ -31,11 +32,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import ValidationError
 from rich.text import Text
 
+from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
 from mcp_client_gateway.cli_output import (
     Output,
     render_accepted,
@@ -51,11 +54,14 @@ from mcp_client_gateway.cli_output import (
     render_secret,
     render_serving_logs,
     render_zones,
+    write_benchmark_plots,
 )
 from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayCore, GatewayError, GatewayPorts
-from mcp_client_gateway.models import ErrorCode
+from mcp_client_gateway.interface_words import cli_text
+from mcp_client_gateway.models import ErrorCode, MetricsView, UpdateAccepted
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
+from shared.messages.contracts import UUID_PATTERN
 
 __all__ = ["EXIT_CODES", "main", "run"]
 
@@ -95,6 +101,11 @@ class _Usage(Exception):
 # ---------------------------------------------------------------------------------------------- commands
 
 
+def _wording(stage: str) -> str:
+    """A stage without its numbers: "waited 3 min" and "waited 4 min" are one stage to a person watching."""
+    return re.sub(r"\d+(?:[.:]\d+)*", "#", stage)
+
+
 def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, poll_s: float) -> int:
     """Follow a command until it is done; live view on a TTY, stage changes otherwise. Ctrl-C detaches."""
     deadline = time.monotonic() + timeout_s
@@ -110,9 +121,9 @@ def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, pol
             elapsed = int(time.monotonic() - started)
             if status_ctx is not None:
                 status_ctx.update(Text(f"{view.stage}  [{elapsed}s]"))
-            elif view.stage != last_stage and not out.quiet:
-                out.err.print(Text(f"[{elapsed:>5}s] {view.stage}"))
-            last_stage = view.stage
+            elif _wording(view.stage) != last_stage and not out.quiet:
+                out.err.print(Text(f"[{elapsed:>5}s] {view.stage}"))  # a new stage, not a new count of minutes
+            last_stage = _wording(view.stage)
             if view.done:
                 break
             if time.monotonic() >= deadline:
@@ -146,14 +157,14 @@ def _confirmed(request: ConfirmationRequest, args: argparse.Namespace, out: Outp
             "confirmation_required",
             "--confirm",
             f"does not name '{target}'; nothing was changed",
-            f"pass --confirm {target}, or --yes",
+            request.how_to_confirm(),
         )
     if not out.interactive:
         raise GatewayError(
             "confirmation_required",
             "--yes",
             f"{request.impact}; nothing was changed",
-            f"run it on a terminal to be asked, or pass --yes (or --confirm {target}) to confirm",
+            request.how_to_confirm("run it on a terminal to be asked, or "),
         )
     out.err.print(Text(f"{request.impact}. Type '{target}' to confirm: "), end="")
     try:
@@ -175,7 +186,7 @@ def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         deployment_id=args.deployment_id,
         model=args.model,
         accelerator=args.accelerator,
-        zones=args.zone or ["us-east5-b"],
+        zones=args.zone or None,
         tiers=args.tier,
         hedge=args.hedge,
         ttl_hours=args.ttl_hours,
@@ -223,6 +234,24 @@ def cmd_restart(core: GatewayCore, args: argparse.Namespace, out: Output) -> int
     return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
 
 
+def cmd_update(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    changes = {field: getattr(args, field, None) for field in UPDATABLE} | {"zones": args.zone, "tiers": args.tier}
+    request = core.update_confirmation(args.deployment_id, changes, clear=args.clear or ())  # None: not needed
+    token = _confirmed(request, args, out) if request is not None else None
+    accepted = core.update_deployment(
+        args.deployment_id, changes, clear=args.clear or (), confirm=token, command_id=args.command_id
+    )
+    out.data(accepted, _render_update)
+    return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds) if args.wait else EXIT_OK
+
+
+def _render_update(accepted: UpdateAccepted, out: Output) -> None:
+    render_accepted(accepted, out)
+    if not out.quiet and accepted.changes:
+        out.out.print(Text(f"changes: {describe_changes(accepted.changes)}"))
+        out.note(cli_text(accepted.next_step))
+
+
 def cmd_start(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     accepted = core.start_deployment(args.deployment_id)
     out.data(accepted, render_accepted)
@@ -233,7 +262,7 @@ def cmd_plan(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     plan = core.plan(
         model=args.model,
         accelerator=args.accelerator,
-        zones=args.zone or ["us-east5-b"],
+        zones=args.zone or None,
         tiers=args.tier,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -270,6 +299,20 @@ def cmd_health(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK if report.healthy else EXIT_FAILED
 
 
+def cmd_metrics(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    out.data(core.get_metrics(args.deployment_id, window_minutes=args.window), _render_metrics)
+    return EXIT_OK
+
+
+def _render_metrics(view: MetricsView, out: Output) -> None:
+    """Plain ``label: value`` lines in human units: readable at any terminal width."""
+    out.stdout.write(f"{view.deployment_id} ({view.phase}), window {view.window_minutes} min\n")
+    for line in view.summary or ["no vLLM counters recorded yet"]:
+        out.stdout.write(line + "\n")
+    for note in view.notes:
+        out.note(f"note: {note}")
+
+
 def cmd_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     if args.tail is not None or args.task_id is not None:
         return _tail_logs(core, args, out)
@@ -280,6 +323,7 @@ def cmd_logs(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         minutes=args.minutes,
         limit=args.limit,
         max_chars=64 * 1024,
+        include_probes=args.probes,
     )
     out.data(view, render_logs)
     return EXIT_OK
@@ -320,10 +364,34 @@ def cmd_bench_run(core: GatewayCore, args: argparse.Namespace, out: Output) -> i
     return code
 
 
+_UUID = re.compile(UUID_PATTERN)
+
+
+def _run_of(core: GatewayCore, run_or_deployment: str) -> str:
+    """A run id as given, or a deployment id's newest run (run ids are UUIDs, deployment ids never are)."""
+    if _UUID.fullmatch(run_or_deployment):
+        return run_or_deployment
+    rows = core.compare_benchmarks(deployment_id=run_or_deployment, limit=1).rows
+    if not rows:
+        raise GatewayError("not_found", "run_id", f"no benchmark run of '{run_or_deployment}'", "tpuctl bench run it")
+    return rows[0].run_id
+
+
 def cmd_bench_show(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    view = core.get_benchmark(args.run_id)
+    view = core.get_benchmark(_run_of(core, args.run_id))
     out.data(view, render_benchmark)
     return EXIT_FAILED if view.status == "failed" else EXIT_OK
+
+
+def cmd_bench_plot(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
+    view = core.get_benchmark(_run_of(core, args.run_id))
+    written = write_benchmark_plots(view, args.out)
+    if not written:
+        out.note(f"benchmark {view.run_id} ({view.status}) has no levels to plot yet")
+        return EXIT_FAILED
+    for path in written:
+        out.stdout.write(f"{path}\n")
+    return EXIT_OK
 
 
 def cmd_bench_compare(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
@@ -428,7 +496,7 @@ def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting:
     deploy.add_argument("deployment_id")
     deploy.add_argument("--model", required=True, choices=MODELS)
     deploy.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
-    deploy.add_argument("--zone", action="append", help="allowed zone, best first (repeat)")
+    deploy.add_argument("--zone", action="append", help="allowed zone, best first (repeat); default: quota fits")
     deploy.add_argument("--tier", action="append", choices=TIERS, help="capacity tier in priority order (repeat)")
     deploy.add_argument("--hedge", type=int)
     deploy.add_argument("--ttl-hours", type=float)
@@ -458,6 +526,22 @@ def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting:
         )
         destructive.set_defaults(handler=handler)
 
+    update = sub.add_parser("update", parents=[common, waiting], help="change only the given fields of a deployment")
+    update.add_argument("deployment_id")
+    update.add_argument("--accelerator", choices=ACCELERATORS)
+    update.add_argument("--zone", action="append", help="replaces the allowed zones, best first (repeat)")
+    update.add_argument("--tier", action="append", choices=TIERS, help="replaces the tiers, in priority order (repeat)")
+    for option, kind in (("--hedge", int), ("--ttl-hours", float), ("--budget-usd", float), ("--idle-minutes", int)):
+        update.add_argument(option, type=kind)
+    update.add_argument("--max-model-len", type=int)
+    update.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
+    update.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype")
+    update.add_argument("--clear", action="append", choices=CLEARABLE, help="unset this field (repeat)")
+    update.add_argument("--yes", "-y", action="store_true", help="confirm replacing a running slice without a prompt")
+    update.add_argument("--confirm", metavar="DEPLOYMENT_ID", help="confirm by naming the deployment again")
+    update.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
+    update.set_defaults(handler=cmd_update)
+
     start = sub.add_parser("start", parents=[common, waiting], help="start a stopped deployment")
     start.add_argument("deployment_id")
     start.set_defaults(handler=cmd_start)
@@ -468,7 +552,7 @@ def _add_planning_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     plan = sub.add_parser("plan", parents=[common], help="will it fit, how vLLM runs, what it costs")
     plan.add_argument("--model", required=True, choices=MODELS)
     plan.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
-    plan.add_argument("--zone", action="append", help="zone or region to price (repeat)")
+    plan.add_argument("--zone", action="append", help="zone to price (repeat); default: where it fits quota")
     plan.add_argument("--tier", action="append", choices=TIERS, help="tier to price (repeat)")
     plan.add_argument("--max-model-len", type=int)
     plan.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
@@ -491,7 +575,7 @@ def _add_planning_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_serving_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    """query, health, logs."""
+    """query, health, metrics, logs."""
     query = sub.add_parser("query", parents=[common], help="ask the deployed model (with timing)")
     query.add_argument("deployment_id")
     query.add_argument("prompt", help="the question, or - to read it from stdin")
@@ -504,12 +588,18 @@ def _add_serving_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     health.add_argument("deployment_id")
     health.set_defaults(handler=cmd_health)
 
+    metrics = sub.add_parser("metrics", parents=[common], help="request and token totals, window latency and rates")
+    metrics.add_argument("deployment_id")
+    metrics.add_argument("--window", type=int, default=60, metavar="MINUTES", help="window length (1-10080)")
+    metrics.set_defaults(handler=cmd_metrics)
+
     logs = sub.add_parser("logs", parents=[common], help="recent log lines (untrusted text)")
     logs.add_argument("deployment_id", nargs="?")
     logs.add_argument("--source", choices=("any", "controller", "node"), default="any")
     logs.add_argument("--severity", choices=SEVERITIES, default="DEFAULT")
     logs.add_argument("--minutes", type=int, default=60)
     logs.add_argument("--limit", type=int, default=100)
+    logs.add_argument("--probes", action="store_true", help="also the monitor's own successful probe lines")
     logs.add_argument(
         "--tail", type=int, metavar="N", help="fetch the newest N lines of the vLLM container from the node (1-500)"
     )
@@ -533,8 +623,12 @@ def _add_bench_commands(sub: Any, common: argparse.ArgumentParser, waiting: argp
     run_bench.add_argument("--command-id", help="idempotency key (UUID)")
     run_bench.set_defaults(handler=cmd_bench_run)
     show = bench_sub.add_parser("show", parents=[common], help="one run with its comparison")
-    show.add_argument("run_id")
+    show.add_argument("run_id", help="a run id, or a deployment id for its newest run")
     show.set_defaults(handler=cmd_bench_show)
+    plot = bench_sub.add_parser("plot", parents=[common], help="charts of one run: an HTML page, SVG and PNG")
+    plot.add_argument("run_id", help="a run id, or a deployment id for its newest run")
+    plot.add_argument("--out", type=Path, default=Path("bench-plots"), help="folder to write them into")
+    plot.set_defaults(handler=cmd_bench_plot)
     compare = bench_sub.add_parser("compare", parents=[common], help="runs side by side")
     compare.add_argument("--deployment")
     compare.add_argument("--model", choices=MODELS)
@@ -606,6 +700,7 @@ def run(
 # Core fields whose flag is not simply --field-name.
 _FLAG_OF = {
     "lines": "--tail",
+    "window_minutes": "--window",
     "min_severity": "--severity",
     "system_prompt": "--system",
     "zones": "--zone",
@@ -615,8 +710,9 @@ _POSITIONAL = frozenset({"deployment_id", "run_id", "prompt"})
 
 
 def _cli_error(exc: GatewayError, args: argparse.Namespace) -> str:
-    """The core's one-line error with its field named as this command's flag (``minutes`` is ``--minutes``)."""
-    field = exc.field
+    """The core's one-line error worded for the CLI, its field named as this command's flag (``zones[0]`` is
+    ``--zone``)."""
+    field = re.sub(r"\[\d+\]$", "", exc.field) if exc.field else exc.field
     given = vars(args)
     if field == "deployment_id" and "deployment" in given and "deployment_id" not in given:
         flag = "--deployment"  # bench compare names it so
@@ -625,10 +721,10 @@ def _cli_error(exc: GatewayError, args: argparse.Namespace) -> str:
     elif field is not None and field not in _POSITIONAL and field in given:
         flag = "--" + field.replace("_", "-")
     else:
-        return exc.render()
+        return exc.render("cli")
     assert field is not None
-    fix = re.sub(rf"\b{re.escape(field)}\b", flag, exc.fix)
-    return GatewayError(exc.code, flag, exc.problem, fix, retry_after_s=exc.retry_after_s).render()
+    fix = re.sub(rf"(?<!tpuctl )\b{re.escape(field)}\b", flag, exc.fix_words("cli"))  # not `tpuctl zones`
+    return GatewayError(exc.code, flag, exc.problem, fix, retry_after_s=exc.retry_after_s).render("cli")
 
 
 def _serve_mcp(args: argparse.Namespace) -> int:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import BaseModel
@@ -14,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from loadgen.plots import write_plots
+from loadgen.report import result_table
 from mcp_client_gateway.models import (
     BenchmarkComparison,
     BenchmarkView,
@@ -25,11 +30,19 @@ from mcp_client_gateway.models import (
     OperationView,
     PlanView,
     QueryResult,
+    ResourceView,
     SecretSaved,
     ServingLogsView,
     ZoneQuotaView,
     ZonesView,
 )
+
+_UNCUT = 100_000  # columns: wider than any row, so nothing is cut or wrapped
+
+
+def _tty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 class Output:
@@ -40,8 +53,9 @@ class Output:
         self.quiet = quiet
         self.stdout = stdout
         self.stderr = stderr
-        self.out = Console(file=stdout, highlight=False, soft_wrap=False)
-        self.err = Console(file=stderr, highlight=False, soft_wrap=True)
+        # A terminal gets tables fitted to its width; a pipe or a file gets them whole (rich would cut at 80).
+        self.out = Console(file=stdout, highlight=False, soft_wrap=False, width=None if _tty(stdout) else _UNCUT)
+        self.err = Console(file=stderr, highlight=False, soft_wrap=True, width=None if _tty(stderr) else _UNCUT)
 
     @property
     def interactive(self) -> bool:
@@ -70,8 +84,17 @@ def _cell(value: Any) -> Text:
     if value is None:
         return Text("-")
     if isinstance(value, float):
-        return Text(f"{value:g}")
+        return Text(f"{value:,.0f}" if abs(value) >= 1e5 else f"{value:.4g}")  # never 1.79633e+09
     return Text(str(value))
+
+
+def _sli_rows(slis: dict[str, Any]) -> list[tuple[str, Any]]:
+    """SLIs by name; the ones that are instants (``*_epoch_s``, ``*_at``) as UTC times."""
+    rows: list[tuple[str, Any]] = []
+    for name, value in sorted(slis.items()):
+        instant = name.endswith(("_epoch_s", "_at")) and isinstance(value, int | float) and not isinstance(value, bool)
+        rows.append((name, f"{datetime.fromtimestamp(value, UTC):%Y-%m-%d %H:%M:%S} UTC" if instant else value))
+    return rows
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
@@ -90,6 +113,8 @@ def render_accepted(accepted: CommandAccepted, out: Output) -> None:
     verb = "Already received" if accepted.duplicate else "Published"
     out.out.print(Text(f"{verb} {accepted.kind} for {accepted.deployment_id}"))
     out.out.print(Text(f"command id: {accepted.command_id}"))
+    for warning in accepted.warnings:
+        out.note(f"warning: {warning}")
 
 
 def render_list(page: DeploymentList, out: Output) -> None:
@@ -120,8 +145,8 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
         facts.append(("boot", f"{detail.boot.text} since {detail.boot.stage_since:%H:%M:%S} on {detail.boot.node}"))
     out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))
     if detail.resources:
-        rows = [(r.name, r.zone, r.tier, r.state, r.node_state) for r in detail.resources]
-        out.out.print(_table("Resources", ("NAME", "ZONE", "TIER", "STATE", "NODE"), rows))
+        resource_rows = [(r.name, r.zone, r.tier, r.state, r.node_state, _terms(r)) for r in detail.resources]
+        out.out.print(_table("Resources", ("NAME", "ZONE", "TIER", "STATE", "NODE", "TERMS"), resource_rows))
     if detail.attempts:
         rows = [(f"{a.at:%H:%M:%S}", a.zone, a.tier, a.outcome, a.detail) for a in detail.attempts[-10:]]
         out.out.print(
@@ -130,9 +155,17 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
             )
         )
     if detail.slis:
-        out.out.print(_table("SLIs", ("SLI", "VALUE"), sorted(detail.slis.items())))
+        out.out.print(_table("SLIs", ("SLI", "VALUE"), _sli_rows(detail.slis)))
     if detail.node.system:
         out.out.print(_table("Node", ("FIELD", "VALUE"), sorted((k, v) for k, v in detail.node.system.items())))
+
+
+def _terms(r: ResourceView) -> str:
+    """The reservation, valid-until and flex-start run cap of one resource, UTC."""
+    terms = [f"reservation {r.reservation}"] if r.reservation else []
+    terms += [f"valid until {r.valid_until:%m-%d %H:%M}"] if r.valid_until else []
+    terms += [f"run cap ends {r.run_ends_at:%m-%d %H:%M}"] if r.run_ends_at else []
+    return ", ".join(terms) or "-"
 
 
 def render_operation(view: OperationView, out: Output) -> None:
@@ -152,7 +185,7 @@ def render_zones(view: ZonesView, out: Output) -> None:
         )
         for z in view.zones
     ]
-    title = f"Zones for {view.accelerator} ({view.chips} chips), $/hour, prices of {view.price_table_date}"
+    title = f"Zones for {view.accelerator} ({view.chips} chips), $/hour, prices: {view.price_source.split(': ')[0]}"
     quota_column = ("QUOTA (free chips, largest slice that fits)",) if live else ()
     out.out.print(_table(title, ("ZONE", *(t.upper() for t in tiers), "OPEN", "BLOCKED", *quota_column), rows))
     for block in view.region_blocks:
@@ -204,11 +237,16 @@ def render_plan(plan: PlanView, out: Output) -> None:
     ]
     out.out.print(
         _table(
-            f"Cost (prices of {plan.price_table_date})", ("REGION", "TIER", "HOUR", "DAY", "TTL", "PER 1M TOK"), rows
+            f"Cost (prices: {plan.price_source.split(': ')[0]})",
+            ("REGION", "TIER", "HOUR", "DAY", "TTL", "PER 1M TOK"),
+            rows,
         )
     )
     out.out.print(Text(f"image {plan.image}"))
     out.out.print(Text("vllm " + " ".join(plan.argv[1:] if plan.argv[:1] == ["vllm"] else plan.argv)))
+    out.out.print(Text(plan.search_scope.summary))
+    if plan.clock_warning:
+        out.note(f"warning: {plan.clock_warning}")
     for note in plan.notes:
         out.note(f"note: {note}")
 
@@ -222,6 +260,8 @@ def render_query(result: QueryResult, out: Output) -> None:
     )
     if not out.quiet:
         out.err.print(Text(stats))
+    if result.note:
+        out.note(f"note: {result.note}")
 
 
 def render_logs(view: LogsView, out: Output) -> None:
@@ -229,6 +269,8 @@ def render_logs(view: LogsView, out: Output) -> None:
     out.out.print(_table("Logs (untrusted text)", ("TIME", "SEVERITY", "SOURCE", "MESSAGE"), rows))
     if view.truncated:
         out.note("output was cut to stay within bounds; narrow it with --minutes, --severity or --limit")
+    if view.probe_lines_hidden:
+        out.note(f"{view.probe_lines_hidden} line(s) of the monitor's own probes left out; --probes shows them")
 
 
 def render_serving_logs(view: ServingLogsView, out: Output) -> None:
@@ -250,8 +292,27 @@ def render_health(report: HealthReport, out: Output) -> None:
 def render_benchmark(view: BenchmarkView, out: Output) -> None:
     rows = [(name, value, view.change_pct.get(name)) for name, value in view.headline.items()]
     out.out.print(_table(f"Benchmark {view.run_id} ({view.status})", ("METRIC", "VALUE", "CHANGE %"), rows))
+    if view.result and view.result.get("points"):
+        out.out.print(Text(result_table(view.result)))  # every level, not only the headline
     if view.error:
         out.out.print(Text(f"error: {view.error}"))
+
+
+def write_benchmark_plots(view: BenchmarkView, directory: Path) -> list[Path]:
+    """The run's charts as SVG and PNG, and one HTML page holding the SVGs, in ``directory``; [] without levels."""
+    if not view.result or not view.result.get("points"):
+        return []
+    stem = f"benchmark-{view.run_id}"
+    written = write_plots(view.result, directory, stem=stem)
+    charts = [path.read_text(encoding="utf-8") for path in written if path.suffix == ".svg"]
+    title = escape(f"Benchmark {view.run_id} of {view.deployment_id}")
+    page = directory / f"{stem}.html"
+    page.write_text(
+        f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>\n<body>"
+        f"<h1>{title}</h1>\n<pre>{escape(result_table(view.result))}</pre>\n{''.join(charts)}</body></html>\n",
+        encoding="utf-8",
+    )
+    return [page, *written]
 
 
 def render_comparison(view: BenchmarkComparison, out: Output) -> None:

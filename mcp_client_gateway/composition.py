@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from mcp_client_gateway.capabilities.common import GatewayPorts
+from mcp_client_gateway.capabilities.common import GatewayPorts, PriceLookup
 from shared.config import Settings
 from shared.ports import Clock, CommandBus, LogReader, ModelClient, QuotaApi, SecretStore, StateStore, TpuApi
 from shared.wiring import Runtime
@@ -53,8 +53,16 @@ def local_log_dir(settings: Settings) -> Path:
 
 
 def build_ports(settings: Settings) -> GatewayPorts:
-    """The ports for ``settings.backend``; nothing is connected until a tool needs it."""
+    """The ports for ``settings.backend``; nothing is connected until a tool needs it.
+
+    A ``local`` backend with no TPU endpoint of its own attaches to the stack ``make up`` published under its
+    data folder (``shared/adapters/local_stack.py``); with none running, the TPU and quota ports say so.
+    """
+    from shared.adapters.local_stack import NoLocalStack, attach, needs_local_stack
+
+    settings = attach(settings)
     runtime = Runtime(settings)
+    no_stack = needs_local_stack(settings)
 
     def bus() -> CommandBus:
         built = runtime.bus
@@ -72,6 +80,8 @@ def build_ports(settings: Settings) -> GatewayPorts:
         return JsonLinesLogReader(local_log_dir(settings))
 
     def quotas() -> QuotaApi:
+        if no_stack:
+            return cast(QuotaApi, NoLocalStack())
         # Built here, not in shared.wiring: only the gateway reads quota, so no function ships the client.
         from shared.adapters.cloud_quotas import CloudQuotas
 
@@ -87,7 +97,7 @@ def build_ports(settings: Settings) -> GatewayPorts:
         "bus": _Deferred(bus),
         "secrets": _Deferred(lambda: runtime.secrets),
         "quotas": _Deferred(quotas),
-        "tpu": _Deferred(lambda: runtime.tpu),
+        "tpu": _Deferred(lambda: cast(TpuApi, NoLocalStack()) if no_stack else runtime.tpu),
     }
     ports = GatewayPorts(
         settings=settings,
@@ -99,6 +109,8 @@ def build_ports(settings: Settings) -> GatewayPorts:
         model_client=cast(ModelClient, _Deferred(model_client)),
         quotas=cast(QuotaApi, deferred["quotas"]),
         tpu=cast(TpuApi, deferred["tpu"]),
+        # The controller's prices (the Billing Catalog, cached; the dated table when unreachable): the same source.
+        prices=None if no_stack else cast(PriceLookup, _Deferred(lambda: runtime.prices)),
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))

@@ -7,11 +7,12 @@ that no text the model was shown beforehand can contain:
 
     tpuctl-confirm.<action>.<target>.<state>.<expiry>.<mac>
 
-- ``action``: ``delete``, ``stop``, ``restart`` or ``replace_hf_token``; ``target``: the deployment id (or the
-  secret's name);
+- ``action``: ``delete``, ``stop``, ``restart``, ``update`` (a spec update that replaces a running slice) or
+  ``replace_hf_token``; ``target``: the deployment id (or the secret's name);
 - ``state``: what the user is shown the impact of. For a deployment ``g<generation>-<digest>`` over its
   generation, desired state and creation time (a spec update, a stop or start, or a re-creation under the
-  same id changes it; the status the controller rewrites every tick does not). For the token secret a digest
+  same id changes it; the status the controller rewrites every tick does not); for ``update`` the digest also
+  covers the new spec, so the token confirms only the change the user was shown. For the token secret a digest
   of the stored value and of the value to save;
 - ``expiry``: Unix seconds on the gateway's clock (``Clock`` port), ``CONFIRM_TTL_S`` after issue. On the
   local cloud's accelerated clock the window is scaled, so it stays five minutes of wall time;
@@ -41,12 +42,13 @@ from typing import Any, Literal, NoReturn, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcp_client_gateway import bounds
-from mcp_client_gateway.errors import GatewayError
+from mcp_client_gateway.errors import ConfirmRef, Fix, GatewayError, Words
+from mcp_client_gateway.interface_words import CONFIRMED_BY
 from shared.ports import Clock
 
 __all__ = ["CONFIRM_TTL_S", "TOKEN_PREFIX", "ConfirmAction", "ConfirmationRequest", "Confirmations"]
 
-ConfirmAction = Literal["delete", "stop", "restart", "replace_hf_token"]
+ConfirmAction = Literal["delete", "stop", "restart", "update", "replace_hf_token"]
 CONFIRM_TTL_S = 300.0
 TOKEN_PREFIX = "tpuctl-confirm"  # noqa: S105 - a marker, not a secret
 
@@ -55,6 +57,7 @@ _DOING: dict[str, str] = {
     "delete": "deleting",
     "stop": "stopping",
     "restart": "restarting vLLM on",
+    "update": "updating",
     "replace_hf_token": "replacing the Hugging Face token in",
 }
 _STATE = re.compile(r"^[a-z0-9-]{1,48}$")
@@ -80,6 +83,12 @@ class ConfirmationRequest(BaseModel):
     valid_for_s: float = Field(description="Wall seconds the token is valid for.")
     generation: int | None = Field(default=None, description="The deployment generation the token is bound to.")
     next_step: str
+
+    def how_to_confirm(self, lead: str = "") -> Fix:
+        """``lead`` then how to confirm, worded per interface: ``call again with confirm='TOKEN'`` over MCP,
+        ``run tpuctl delete ID --confirm ID (or pass --yes)`` on the command line."""
+        positional = () if self.action == "replace_hf_token" else (("deployment_id", self.target),)
+        return Fix(lead, ConfirmRef(CONFIRMED_BY[self.action], self.target, self.confirm, positional))
 
 
 class Confirmations:
@@ -124,8 +133,10 @@ class Confirmations:
             "confirmation_required",
             "confirm",
             f"{request.impact}; nothing was changed",
-            f"show this to the user and, only once they agree, call again with confirm='{request.confirm}' "
-            f"(valid {minutes}, only for {_DOING[request.action]} '{request.target}' as it is now)",
+            Fix(
+                *request.how_to_confirm("show this to the user and, only once they agree, ").parts,
+                Words(f" (valid {minutes}, only for {_DOING[request.action]} '{request.target}' as it is now)"),
+            ),
             confirmation=request,
         )
 

@@ -11,11 +11,11 @@ Rules it keeps (docs/reference/DESIGN.md §1, docs/reference/reliability-securit
   ``gcloud compute start-iap-tunnel`` (argv only, checked values, no secret) and hands back a loopback URL.
 - Commands are validated with the wire models (``decode_message``), published with the deployment id as
   ordering key, and answered at once with the ``command_id``; the controller does the work.
-- Destructive commands (delete, stop, restart, overwriting the HF token) need ``confirm``: a token this
-  gateway issued for that action on that target in its current state (``confirmation``). A call without one
-  is refused, changes nothing, and its refusal carries the impact and a fresh token; the caller shows the
-  impact to the user and passes the token once they agree (the MCP server mints it itself after an accepted
-  elicitation; the CLI after its prompt or ``--yes``).
+- Destructive commands (delete, stop, restart, an update that replaces a running slice, overwriting the HF
+  token) need ``confirm``: a token this gateway issued for that action on that target in its current state
+  (``confirmation``). A call without one is refused, changes nothing, and its refusal carries the impact and
+  a fresh token; the caller shows the impact to the user and passes the token once they agree (the MCP server
+  mints it itself after an accepted elicitation; the CLI after its prompt or ``--yes``).
 - Every argument is checked here against ``bounds`` (finite numbers in range, bounded strings, ids matching
   their pattern, closed sets), so the CLI gets the MCP schema's limits and the same clean errors.
 - A problem the caller can fix raises :class:`GatewayError` naming the field and the fix; secrets are never
@@ -24,7 +24,7 @@ Rules it keeps (docs/reference/DESIGN.md §1, docs/reference/reliability-securit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from mcp_client_gateway.capabilities.benchmarks import Benchmarks, headline_metrics
@@ -35,6 +35,7 @@ from mcp_client_gateway.capabilities.common import (
     NodeTaskReader,
     Records,
     SecretRedaction,
+    clock_warning,
 )
 from mcp_client_gateway.capabilities.deployments import Deployments
 from mcp_client_gateway.capabilities.logs import MAX_LOG_CHARS, MetricsAndLogs
@@ -60,6 +61,7 @@ from mcp_client_gateway.models import (
     QueryResult,
     SecretSaved,
     ServingLogsView,
+    UpdateAccepted,
     ZonesView,
 )
 from shared.domain.zone_catalog import V6E_ZONES
@@ -115,7 +117,7 @@ class GatewayCore:
         deployment_id: str,
         model: str,
         accelerator: str,
-        zones: Sequence[str],
+        zones: Sequence[str] | None = None,
         tiers: Sequence[str] | None = None,
         hedge: int | None = None,
         ttl_hours: float | None = None,
@@ -128,8 +130,11 @@ class GatewayCore:
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
     ) -> CommandAccepted:
-        """Validate a deployment spec, check it can work, and publish ``deployment.create``."""
-        return self.deployments.create_deployment(
+        """Validate a deployment spec, check it can work, and publish ``deployment.create``; no zones: the
+        plan's search scope (where the slice fits the live quota, ``Capacity.search_scope``)."""
+        if zones is None:
+            zones = self.capacity.search_scope(accelerator=accelerator, tiers=tiers).zones
+        accepted = self.deployments.create_deployment(
             deployment_id=deployment_id,
             model=model,
             accelerator=accelerator,
@@ -145,6 +150,29 @@ class GatewayCore:
             reservation_name=reservation_name,
             command_id=command_id,
             valid_until_minutes=valid_until_minutes,
+        )
+        warning = clock_warning(self.ports, ttl_hours)
+        return accepted.model_copy(update={"warnings": [warning]}) if warning else accepted
+
+    def update_confirmation(
+        self, deployment_id: str, changes: Mapping[str, Any], *, clear: Sequence[str] = ()
+    ) -> ConfirmationRequest | None:
+        """The confirmation an update needs (it replaces a running slice), or None; changes nothing."""
+        return self.deployments.update_confirmation(deployment_id, changes, clear=clear)
+
+    def update_deployment(
+        self,
+        deployment_id: str,
+        changes: Mapping[str, Any],
+        *,
+        clear: Sequence[str] = (),
+        confirm: str | None = None,
+        command_id: str | None = None,
+    ) -> UpdateAccepted:
+        """Publish ``deployment.update`` with only ``changes`` applied to the current spec; confirmed when it
+        replaces a running slice."""
+        return self.deployments.update_deployment(
+            deployment_id, changes, clear=clear, confirm=confirm, command_id=command_id
         )
 
     def confirmation_text(self, action: Literal["delete", "stop", "restart"], deployment_id: str) -> str:
@@ -206,7 +234,7 @@ class GatewayCore:
         *,
         model: str,
         accelerator: str,
-        zones: Sequence[str] = ("us-east5-b",),
+        zones: Sequence[str] | None = None,
         tiers: Sequence[str] | None = None,
         max_model_len: int | None = None,
         kv_cache_dtype: str | None = None,
@@ -263,7 +291,7 @@ class GatewayCore:
     # ------------------------------------------------------------------ metrics and logs
 
     def get_metrics(self, deployment_id: str, *, window_minutes: int = 60) -> MetricsView:
-        """The latest SLIs and the samples of a window, with window averages."""
+        """Totals, window figures from counter deltas, the latest SLIs and the window's samples."""
         return self.logs.get_metrics(deployment_id, window_minutes=window_minutes)
 
     def get_logs(
@@ -275,8 +303,9 @@ class GatewayCore:
         minutes: int = 60,
         limit: int = 50,
         max_chars: int = MAX_LOG_CHARS,
+        include_probes: bool = False,
     ) -> LogsView:
-        """Recent log lines, bounded, sanitised and labelled as untrusted."""
+        """Recent log lines, bounded, sanitised and labelled as untrusted; probe access lines left out by default."""
         return self.logs.get_logs(
             deployment_id=deployment_id,
             source=source,
@@ -284,6 +313,7 @@ class GatewayCore:
             minutes=minutes,
             limit=limit,
             max_chars=max_chars,
+            include_probes=include_probes,
         )
 
     def analyze_logs(

@@ -42,8 +42,11 @@ __all__ = [
     "QuotaBoundView",
     "ResourceView",
     "SampleView",
+    "SearchScopeView",
     "SecretSaved",
     "ServingLogsView",
+    "SpecChange",
+    "UpdateAccepted",
     "ZoneMemoryView",
     "ZoneQuotaView",
     "ZoneView",
@@ -101,6 +104,34 @@ class CommandAccepted(_View):
     published_at: datetime
     duplicate: bool = Field(default=False, description="True when this command_id was already applied.")
     next_step: str = Field(description="What to call next.")
+    warnings: list[str] = Field(
+        default_factory=list, description="e.g. the controller's clock runs faster than wall time (TTL in wall time)."
+    )
+
+
+SpecValue = str | int | float | list[str] | None
+
+
+class SpecChange(_View):
+    """One field of a deployment's spec that an update changes."""
+
+    field: str = Field(description="The field, named like the tool parameter, e.g. ttl_hours or zones.")
+    old: SpecValue = Field(description="Its value now (null: not set).")
+    new: SpecValue = Field(description="Its value once the controller applied the update (null: cleared).")
+
+
+class UpdateAccepted(CommandAccepted):
+    """``deployment.update`` was validated and published: what changes, and what happens to the running slice."""
+
+    changes: list[SpecChange] = Field(description="Each field that changes, old and new (empty for a duplicate).")
+    from_generation: int = Field(
+        description="The generation the update was made against (the controller refuses "
+        "it if another update landed first)."
+    )
+    replaces_slice: bool = Field(
+        description="True when a running slice is replaced: every new generation runs on a new slice, and the old "
+        "one serves until the new one does. Such an update was confirmed."
+    )
 
 
 class ResourceView(_View):
@@ -114,6 +145,13 @@ class ResourceView(_View):
     endpoint: str | None = None
     created_at: datetime | None = None
     active_at: datetime | None = None
+    reservation: str | None = Field(default=None, description="The reservation a reservation-tier slice uses.")
+    valid_until: datetime | None = Field(
+        default=None, description="While waiting: when the queued request expires unserved (its valid-until)."
+    )
+    run_ends_at: datetime | None = Field(
+        default=None, description="Flex-start: when the run cap (max_run_hours from ACTIVE) ends and it is deleted."
+    )
 
 
 class DeploymentSummary(_View):
@@ -245,6 +283,9 @@ class DeploymentDetail(_View):
     latest_sample: SampleView | None = None
     spend_usd: float
     hourly_usd: float | None = Field(default=None, description="Price per hour of the slice in its zone and tier.")
+    price_source: str | None = Field(
+        default=None, description="Where hourly_usd comes from: the Billing Catalog, else the dated table (why)."
+    )
     budget_usd: float | None = None
     ttl_hours: float | None = None
     node: NodeView
@@ -344,6 +385,25 @@ class ZoneView(_View):
     )
 
 
+class ExcludedZoneView(_View):
+    """A catalog zone left out of the default search scope."""
+
+    zone: str
+    reason: str = Field(description="e.g. 'quota 0 spot chips in region us-east5', 'no v6e quota listed'.")
+
+
+class SearchScopeView(_View):
+    """The zones the capacity search uses when none are given: where the slice fits the live quota."""
+
+    zones: list[str] = Field(description="Zones the search may use, cheapest first.")
+    excluded: list[ExcludedZoneView] = Field(description="Catalog zones left out, with the reason.")
+    source: Literal["live_quota", "catalog", "given"] = Field(
+        description="live_quota: zones with quota room; catalog: live quota unread (see problem); given: by you."
+    )
+    problem: str | None = Field(default=None, description="Why the live quota was not used.")
+    summary: str
+
+
 class ZonesView(_View):
     """Zones for an accelerator with prices and the capacity memory."""
 
@@ -353,6 +413,7 @@ class ZonesView(_View):
     region_blocks: list[ZoneMemoryView] = Field(description="Region- and project-wide entries (quota, rate limit).")
     live_quota: LiveQuotaView | None = Field(default=None, description="The live quota read; null when not asked.")
     price_table_date: str
+    price_source: str = Field(description="The Cloud Billing Catalog, else 'dated price table (YYYY-MM-DD)' and why.")
     note: str = ""
 
 
@@ -371,6 +432,7 @@ class QueryResult(_View):
     decode_tokens_per_s: float | None = Field(
         default=None, description="(completion_tokens - 1) / (last token - first token): the generation speed."
     )
+    note: str | None = Field(default=None, description="When text is empty: why it may be, and what to try.")
 
 
 class HealthCheck(_View):
@@ -395,15 +457,71 @@ class HealthReport(_View):
     vllm_version: str | None = None
 
 
+class RequestCountsView(_View):
+    """Requests and tokens counted by vLLM (``vllm:request_success_total`` by finished reason, token counters)."""
+
+    requests_finished: int | None = Field(description="Every finished request, whatever the reason.")
+    requests_served: int | None = Field(description="Finished other than by error or abort.")
+    requests_errored: int | None = Field(description="finished_reason=error.")
+    requests_aborted: int | None = Field(description="finished_reason=abort.")
+    prompt_tokens: int | None
+    generation_tokens: int | None
+    http_5xx: int | None
+    error_rate: float | None = Field(description="(errored + aborted) / finished.")
+
+
+class MetricTotalsView(_View):
+    """Cumulative counts since the oldest server seen in this serving generation started (restarts added up)."""
+
+    since: datetime = Field(description="That server's start, or its first sample when the start is unknown.")
+    since_server_start: bool
+    samples: int
+    restarts: int
+    counts: RequestCountsView
+
+
+class WindowLatencyView(_View):
+    """One latency over the window: mean from histogram sum and count deltas, percentiles from bucket deltas."""
+
+    observations: int
+    mean_s: float | None
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+
+class MetricWindowView(_View):
+    """What the server did between the first and last usable sample of the window (counter deltas)."""
+
+    start: datetime
+    end: datetime
+    span_s: float = Field(description="Seconds between the first and last sample: the rates' denominator.")
+    samples: int
+    restarts: int = Field(description="Counter resets inside the window; each segment is counted and added.")
+    counts: RequestCountsView
+    requests_per_s: float | None
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float | None
+    latency: dict[str, WindowLatencyView] = Field(description="ttft, itl (TPOT), e2e.")
+    percentiles_from: str
+
+
 class MetricsView(_View):
-    """Latest SLIs and a window of monitor samples."""
+    """Latest SLIs, totals, window figures from counter deltas, and a window of monitor samples."""
 
     deployment_id: str
     phase: str
     latest: SampleView | None
     window_minutes: int
+    totals: MetricTotalsView | None = Field(description="None before the monitor kept any vLLM counters.")
+    window: MetricWindowView | None = Field(description="None with fewer than two usable samples in the window.")
+    notes: list[str] = Field(description="Why samples were skipped, or figures left out.")
+    summary: list[str] = Field(description="The totals and window figures in human units, one line each.")
     history: list[SampleView] = Field(description="Samples in the window, newest first (at most 120).")
-    averages: dict[str, float] = Field(description="Mean of each SLI over the window.")
+    averages: dict[str, float] = Field(
+        description="Plain mean of each per-sample SLI (meaningful for gauges such as kv_cache_usage or running; "
+        "for latency, rates and errors use window, which comes from counter deltas)."
+    )
 
 
 class LogLine(_View):
@@ -423,6 +541,9 @@ class LogsView(_View):
     entries: list[LogLine]
     counts: dict[str, int] = Field(description="Lines per severity among those returned.")
     truncated: bool = Field(description="True when lines or characters were cut to stay within bounds.")
+    probe_lines_hidden: int = Field(
+        default=0, description="The monitor's own successful probe lines left out (include_probes shows them)."
+    )
 
 
 class ServingLogsView(_View):
@@ -571,7 +692,15 @@ class PlanView(_View):
     unpriced: list[str]
     notes: list[str]
     price_table_date: str
+    price_source: str = Field(
+        description="Where the prices come from: the Cloud Billing Catalog (as the controller), else "
+        "'dated price table (YYYY-MM-DD)' and why."
+    )
     plan_hash: str
+    clock_warning: str | None = Field(
+        default=None, description="When the controller's clock runs faster than wall time: what a TTL is in wall time."
+    )
+    search_scope: SearchScopeView = Field(description="The zones a create with these arguments would search.")
 
 
 class ArtifactsView(_View):

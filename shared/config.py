@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     )
     command_ttl_days: int = Field(default=30, ge=1, description="How long the idempotency ledger keeps an entry.")
     sample_ttl_days: int = Field(default=14, ge=1, description="How long monitor samples are kept.")
+    monitor_canary_interval_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="A deployment with no traffic for this long gets one canary completion (one token) at most "
+        "this often; a failed one makes it DEGRADED. 0 turns canaries off.",
+    )
     lease_ttl_s: float = Field(default=120.0, gt=0, description="Reconciler lease length.")
     boot_budget_s: float | None = Field(
         default=None,

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Literal, Protocol, get_args, runtime_checkable
 
 from shared.domain.boot_progress import GuestAttribute
+from shared.domain.canary import CanaryCheck
 from shared.domain.cloud import ObservedResource, OperationStatus, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass, PermanentError
 from shared.domain.health import ProbeResult
@@ -430,7 +431,8 @@ class ModelClient(Protocol):
 
 
 class ServingProbe(Protocol):
-    """Looks at one vLLM server: ``/health``, ``/v1/models``, ``/version``, ``/metrics`` (parsed).
+    """Looks at one vLLM server: ``/health``, ``/v1/models``, ``/version``, ``/metrics`` (parsed), and sends the
+    monitor's canary completion when asked.
 
     Never raises for network trouble: refused, timeout, 401 and 5xx come back as outcomes in the result.
     Sends an API key to ``/v1/*`` only: ``deployment_id``'s own key (``shared.domain.serving_key``) when one is
@@ -438,6 +440,11 @@ class ServingProbe(Protocol):
     """
 
     async def probe(self, base_url: str, deployment_id: str | None = None) -> ProbeResult: ...
+
+    async def canary(self, base_url: str, model: str, deployment_id: str | None = None) -> CanaryCheck:
+        """One tiny completion (``shared.domain.canary.canary_request``) with the same key rule as ``probe``;
+        what the answer held, unjudged. Never raises for network trouble: it becomes the check's outcome."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.checks import TIERS, optional
-from mcp_client_gateway.capabilities.common import GatewayPorts, slice_chips
+from mcp_client_gateway.capabilities.common import GatewayPorts, pricing, slice_chips
+from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import (
+    ExcludedZoneView,
     LiveQuotaView,
     QuotaBoundView,
+    SearchScopeView,
     ZoneMemoryView,
     ZoneQuotaView,
     ZonesView,
@@ -16,12 +21,14 @@ from mcp_client_gateway.models import (
 )
 from shared.domain.cloud import accelerator_family
 from shared.domain.errors import CloudError, ErrorClass
-from shared.domain.models import ACCELERATOR_TYPES, Tier, ZoneMemoryEntry, region_of
-from shared.domain.prices import PRICE_TABLE_DATE, price_per_chip_hour
+from shared.domain.models import ACCELERATOR_TYPES, DeploymentSpec, Tier, ZoneMemoryEntry, region_of
+from shared.domain.prices import PRICE_TABLE_DATE
 from shared.domain.quota import (
     QuotaHeadroom,
     QuotaLimit,
+    SearchScope,
     quota_headroom,
+    search_scope,
     tpu_quota_usage,
     usage_from_records,
     zones_with_zone_limits,
@@ -29,7 +36,7 @@ from shared.domain.quota import (
 from shared.domain.zone_catalog import offering_zones
 from shared.domain.zone_memory import blocking_entry, is_active
 
-__all__ = ["Capacity"]
+__all__ = ["Capacity", "given_scope"]
 
 
 class Capacity:
@@ -62,6 +69,7 @@ class Capacity:
                 usage = self._read_quota_usage(live)
                 for found in quota_headroom(limits, usage, sorted(zones), tiers, family):
                     headroom[(found.zone, found.tier)] = found
+        price_source = pricing(self.ports)
         views: list[ZoneView] = []
         for zone in sorted(zones):
             prices: dict[str, float] = {}
@@ -69,7 +77,7 @@ class Capacity:
             quota: list[ZoneQuotaView] = []
             short: set[str] = set()
             for each in tiers:
-                price = price_per_chip_hour(zone, each, family)
+                price = price_source.per_chip_hour(zone, each, family)
                 if price is not None:
                     prices[each.value] = round(price * chips, 4)
                 entry = blocking_entry(memory, zone, each, accelerator, now)
@@ -98,11 +106,49 @@ class Capacity:
             zones=views,
             region_blocks=region_blocks,
             price_table_date=PRICE_TABLE_DATE.isoformat(),
+            price_source=price_source.label,
             live_quota=live,
-            note="Prices are per slice-hour from the dated table; quota is not availability: a zone is only known "
-            "to have capacity once a queued resource there went ACTIVE. Live quota: limits from the Cloud Quotas "
-            "API, in use counted from the TPU API's nodes (preempted nodes still hold quota).",
+            note="Prices are per slice-hour (price_source says from where); quota is not availability: a zone is "
+            "only known to have capacity once a queued resource there went ACTIVE. Live quota: limits from the "
+            "Cloud Quotas API, in use counted from the TPU API's nodes (preempted nodes still hold quota).",
         )
+
+    def search_scope(self, *, accelerator: str, tiers: Sequence[str] | None = None) -> SearchScopeView:
+        """The zones a search uses when none are given (plan and create alike): the catalog zones offering the
+        slice where it fits the live quota (zone and region limits, chips in use) in one of ``tiers``, cheapest
+        first; every catalog zone, with the reason, when the quota cannot be read. Raises when none fits."""
+        accelerator = bounds.choice("accelerator", accelerator, ACCELERATOR_TYPES)
+        chosen = [Tier(bounds.choice(f"tiers[{i}]", tier, TIERS)) for i, tier in enumerate(tiers or ())]
+        chosen = chosen or list(DeploymentSpec.model_fields["tiers"].default)
+        family = accelerator_family(accelerator)
+        catalog = offering_zones(family)
+        spending = [tier for tier in chosen if tier is not Tier.RESERVATION]
+        headroom: list[QuotaHeadroom] | None = None
+        problem: str | None = "a reservation spends no quota" if not spending else None
+        if spending:
+            limits, live = self._read_quota()
+            if live.read:
+                usage = self._read_quota_usage(live)
+                headroom = quota_headroom(limits, usage, catalog, spending, family)
+            else:
+                problem = live.problem
+        chips = slice_chips(accelerator)
+        prices = pricing(self.ports)
+
+        def price(zone: str) -> float | None:
+            known = [p for tier in chosen if (p := prices.per_chip_hour(zone, tier, family)) is not None]
+            return min(known) * chips if known else None
+
+        view = _scope_view(search_scope(accelerator, catalog, headroom, price, problem))
+        if not view.zones:
+            raise GatewayError(
+                "failed_precondition",
+                "zones",
+                f"no zone has quota for {accelerator} in {', '.join(t.value for t in chosen)}: {view.summary}",
+                "pass zones explicitly (tpu_list_zones shows quota per zone), choose a smaller slice or another "
+                "tier, or request more TPU quota",
+            )
+        return view
 
     def _read_quota(self) -> tuple[list[QuotaLimit], LiveQuotaView]:
         """TPU API quota limits, or none and a view saying why (with the fix) when the API cannot be read."""
@@ -148,6 +194,26 @@ class Capacity:
         return usage_from_records(self.ports.store.list_deployments())
 
 
+def given_scope(zones: Sequence[str]) -> SearchScopeView:
+    """The scope of zones the caller named."""
+    return SearchScopeView(
+        zones=list(zones),
+        excluded=[],
+        source="given",
+        summary=f"search scope: the {len(zones)} zone(s) you gave: {', '.join(zones)}",
+    )
+
+
+def _scope_view(scope: SearchScope) -> SearchScopeView:
+    return SearchScopeView(
+        zones=list(scope.zones),
+        excluded=[ExcludedZoneView(zone=item.zone, reason=item.reason) for item in scope.excluded],
+        source="live_quota" if scope.source == "live_quota" else "catalog",
+        problem=scope.problem,
+        summary=scope.summary(),
+    )
+
+
 def _zone_quota(row: QuotaHeadroom, chips: int) -> ZoneQuotaView:
     return ZoneQuotaView(
         tier=row.tier.value,
@@ -180,6 +246,8 @@ def _quota_failure(exc: CloudError) -> LiveQuotaView:
     message = clean_text(exc.message)[0][:300]
     if exc.error_class is ErrorClass.PERMISSION:
         problem, fix = f"the Cloud Quotas API refused the read: {message}", _QUOTA_FIX
+    elif exc.error_class is ErrorClass.FAILED_PRECONDITION:  # the port names what is missing (no local stack)
+        problem, fix = message, "do that, then retry; or pass live_quota=false"
     else:
         problem = f"the Cloud Quotas API is unreachable ({exc.error_class.value}): {message}"
         fix = "retry in a minute (locally TPUCTL_TPU_ENDPOINT must point at the simulator), or pass live_quota=false"

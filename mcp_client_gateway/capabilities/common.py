@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.errors import GatewayError
@@ -22,9 +22,9 @@ from shared.config import Settings
 from shared.domain.catalog import ACCELERATORS
 from shared.domain.cloud import accelerator_family
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
-from shared.domain.models import DeploymentRecord, NodeTask, Phase
+from shared.domain.models import DeploymentRecord, NodeTask, Phase, Tier
 from shared.domain.node_task_rules import as_read
-from shared.domain.prices import price_per_chip_hour
+from shared.domain.prices import PRICE_TABLE_DATE, price_per_chip_hour, price_row
 from shared.logging import register_secret
 from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
 from shared.ports import (
@@ -44,11 +44,15 @@ __all__ = [
     "CommandPublisher",
     "GatewayPorts",
     "NodeTaskReader",
+    "PriceLookup",
+    "Pricing",
     "Published",
     "Records",
     "SecretRedaction",
+    "clock_warning",
     "hourly_usd",
     "log",
+    "pricing",
     "slice_chips",
 ]
 
@@ -57,6 +61,16 @@ log = logging.getLogger("mcp_client_gateway.core")  # the gateway's log lines ke
 SERVING_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED})
 _PUBLISHED_MEMORY = 1000
 _NODE_TASKS_SHOWN = 10
+
+
+class PriceLookup(Protocol):
+    """The controller's price source (``shared.adapters.billing_catalog.PriceBook``, ``Runtime.prices``)."""
+
+    source: str  # catalog | cache | table
+    read_at: datetime | None
+    warnings: list[str]
+
+    def lookup(self, zone_or_region: str, tier: Tier, family: str = "v6e") -> tuple[float, str] | None: ...
 
 
 @dataclass
@@ -74,6 +88,8 @@ class GatewayPorts:
     quotas: QuotaApi | None = None
     tpu: TpuApi | None = None
     endpoint_access: EndpointAccess | None = None
+    prices: PriceLookup | None = None
+    """The Billing Catalog prices the controller uses; None: the dated table (said so in every result)."""
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -265,10 +281,64 @@ def slice_chips(accelerator: str) -> int:
     return spec.chips
 
 
-def hourly_usd(record: DeploymentRecord) -> float | None:
+def hourly_usd(record: DeploymentRecord, prices: Pricing | None = None) -> float | None:
+    """The slice's price per hour where it runs: at ``prices`` (``pricing(ports)``), else the dated table."""
     zone = record.status.zone
     tier = record.status.tier
     if not zone or tier is None:
         return None
-    price = price_per_chip_hour(zone, tier, accelerator_family(record.spec.accelerator))
+    family = accelerator_family(record.spec.accelerator)
+    price = prices.per_chip_hour(zone, tier, family) if prices else price_per_chip_hour(zone, tier, family)
     return round(price * slice_chips(record.spec.accelerator), 4) if price is not None else None
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Prices from the controller's source, and the label results carry (``dated price table (...)`` when the
+    Billing Catalog could not be read)."""
+
+    label: str
+    lookup: Callable[[str, Tier, str], tuple[float, str] | None]
+
+    def per_chip_hour(self, zone_or_region: str, tier: Tier, family: str) -> float | None:
+        found = self.lookup(zone_or_region, tier, family)
+        return found[0] if found else None
+
+
+def _dated(zone_or_region: str, tier: Tier, family: str) -> tuple[float, str] | None:
+    row = price_row(zone_or_region, tier, family)
+    return (row.usd_per_chip_hour, f"dated price table ({PRICE_TABLE_DATE.isoformat()}): {row.source}") if row else None
+
+
+def pricing(ports: GatewayPorts) -> Pricing:
+    """The prices the controller plans with (the Billing Catalog, ``Runtime.prices``), else the dated table."""
+    dated = f"dated price table ({PRICE_TABLE_DATE.isoformat()})"
+    if ports.prices is None:
+        return Pricing(f"{dated}: this gateway has no Billing Catalog port", _dated)
+    book = ports.prices
+    try:
+        source, read_at, warnings = book.source, book.read_at, list(book.warnings)
+    except Exception as exc:  # a price source that cannot even be built must not fail a plan: the table answers
+        log.warning("the Billing Catalog could not be read: %s", exc)
+        return Pricing(f"{dated}: the Billing Catalog could not be read ({type(exc).__name__})", _dated)
+    if source == "table" or read_at is None:
+        return Pricing(f"{dated}: " + (warnings[0] if warnings else "the Billing Catalog was not read"), book.lookup)
+    label = f"Cloud Billing Catalog (read {read_at:%Y-%m-%d %H:%M} UTC{', cached' if source == 'cache' else ''})"
+    return Pricing(label + "".join(f"; {warning}" for warning in warnings), book.lookup)
+
+
+def clock_warning(ports: GatewayPorts, ttl_hours: float | None) -> str | None:
+    """A warning when the controller's clock runs faster than wall time (``time_scale`` above 1, e.g. the local
+    stack's x60): a TTL then ends after ``ttl / scale`` wall time. None at wall-clock speed."""
+    try:
+        scale = float(getattr(ports.clock, "time_scale", 1.0))
+    except Exception:  # a clock that cannot say its rate runs at wall speed as far as a warning goes
+        return None
+    if scale <= 1.0:
+        return None
+    text = f"the controller's clock runs x{scale:g} wall time"
+    if ttl_hours is None:
+        return text + ": TTLs, valid-until windows and run caps end that much sooner in wall time"
+    wall_minutes = ttl_hours * 60 / scale
+    wall = f"{wall_minutes:.3g} wall minutes" if wall_minutes < 120 else f"{wall_minutes / 60:.3g} wall hours"
+    return f"{text}: a {ttl_hours:g} h TTL ends in {wall}"

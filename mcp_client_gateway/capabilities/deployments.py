@@ -1,30 +1,57 @@
-"""Deployment commands: create, delete, stop, start, restart serving. Each is validated with the wire models
-and published at once (the controller does the work); delete, stop and restart need a confirmation token
-bound to the deployment as it is now."""
+"""Deployment commands: create, update, delete, stop, start, restart serving. Each is validated with the wire
+models and published at once (the controller does the work); delete, stop and restart need a confirmation token
+bound to the deployment as it is now, and so does an update that replaces a running slice.
+
+Which updates replace a slice: a change of when the deployment ends or how it is judged (TTL, budget, idle rules,
+health thresholds) applies to the running generation and keeps its slice (``shared.domain.spec_change``); any other
+change makes a new generation (``Provisioner.update``), and each generation runs on a slice of its own
+(``planner.reconcile_present``: the old generation's slice serves until the new one does, then it is deleted). So
+such a change to a deployment with a slice that is up or being provisioned is confirmed; a stopped deployment, or
+one still waiting for capacity, has nothing to replace (waiting requests are simply asked again)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.checks import (
     DESTRUCTIVE,
     KV_CACHE_DTYPES,
+    TIERS,
     WEIGHT_DTYPES,
     checked_reservation_name,
     optional,
     slice_arguments,
 )
-from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records, hourly_usd
+from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records, hourly_usd, pricing
 from mcp_client_gateway.capabilities.plans import Plans, fit_fixes
 from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
-from mcp_client_gateway.errors import GatewayError
-from mcp_client_gateway.models import CommandAccepted
-from shared.domain.models import DeploymentRecord, Desired, Phase
+from mcp_client_gateway.errors import Fix, GatewayError, ToolRef
+from mcp_client_gateway.models import CommandAccepted, SpecChange, UpdateAccepted
+from shared.domain.models import DeploymentRecord, DeploymentSpec, Desired, Phase, QueuedResourceState, ResourceRef
+from shared.domain.spec_change import needs_new_generation
 
-__all__ = ["Deployments"]
+__all__ = ["CLEARABLE", "UPDATABLE", "Deployments", "describe_changes"]
+
+UPDATABLE: tuple[str, ...] = (
+    "accelerator",
+    "zones",
+    "tiers",
+    "hedge",
+    "ttl_hours",
+    "budget_usd",
+    "idle_minutes",
+    "max_model_len",
+    "kv_cache_dtype",
+    "dtype",
+)
+"""The spec fields an update may change, named as the tool's parameters."""
+CLEARABLE: tuple[str, ...] = ("ttl_hours", "budget_usd", "idle_minutes", "max_model_len")
+"""The optional fields an update may unset (no TTL, no budget, never idle, the preset's context)."""
+_SERVING = frozenset({"max_model_len", "kv_cache_dtype", "dtype"})
+_SLICE_STATES = frozenset({QueuedResourceState.ACTIVE, QueuedResourceState.PROVISIONING})
 
 _ENDPOINT_PHASES = frozenset({Phase.SERVING, Phase.DEGRADED, Phase.STALLED, Phase.DOWN, Phase.COMPILING, Phase.BOOTING})
 
@@ -194,11 +221,134 @@ class Deployments:
             message, "Poll tpu_get_operation; serving resumes when the phase is SERVING again."
         )
 
+    def update_confirmation(
+        self, deployment_id: str, changes: Mapping[str, Any], *, clear: Sequence[str] = ()
+    ) -> ConfirmationRequest | None:
+        """The confirmation this update needs (it replaces a running slice), or None; changes nothing.
+
+        Raises like the update would when it cannot run (not found, being deleted, a bad value, no change)."""
+        record = self.records.get(deployment_id)
+        spec, diffs = self._updated_spec(record, changes, clear)
+        message = self._update_message(record, spec, diffs, None)
+        slices = _replaced_slices(record, message.spec)
+        if not slices:
+            return None
+        return self.confirmations.issue(
+            "update",
+            record.deployment_id,
+            self._update_state(record, message.spec),
+            _update_impact(record, diffs, slices, hourly_usd(record, pricing(self.ports))),
+            generation=record.generation,
+        )
+
+    def update_deployment(
+        self,
+        deployment_id: str,
+        changes: Mapping[str, Any],
+        *,
+        clear: Sequence[str] = (),
+        confirm: str | None = None,
+        command_id: str | None = None,
+    ) -> UpdateAccepted:
+        """Publish ``deployment.update``: the current spec with only ``changes`` applied (``clear`` unsets fields),
+        against the current generation. Confirmed when it replaces a running slice (see the module docstring)."""
+        record = self.records.get(deployment_id)
+        spec, diffs = self._updated_spec(record, changes, clear)
+        command_id = self.publisher.command_id(command_id)
+        duplicate = self.publisher.duplicate(command_id, "deployment.update", record.deployment_id)
+        if duplicate is not None:
+            return UpdateAccepted(
+                **duplicate.model_dump(), changes=[], from_generation=record.generation, replaces_slice=False
+            )
+        message = self._update_message(record, spec, diffs, command_id)
+        slices = _replaced_slices(record, message.spec)
+        if slices:
+            state = self._update_state(record, message.spec)
+            impact = _update_impact(record, diffs, slices, hourly_usd(record, pricing(self.ports)))
+            if confirm is None or confirm == "":
+                request = self.confirmations.issue(
+                    "update", record.deployment_id, state, impact, generation=record.generation
+                )
+                raise self.confirmations.refusal(request)
+            self.confirmations.check(
+                confirm,
+                "update",
+                record.deployment_id,
+                state,
+                changed=f"now generation {record.generation}, desired {record.desired.value}, or another change "
+                "than the one confirmed",
+            )
+        in_place = not needs_new_generation(record.spec, message.spec)
+        accepted = self.publisher.publish(message, _update_next_step(record, bool(slices), in_place))
+        return UpdateAccepted(
+            **accepted.model_dump(), changes=diffs, from_generation=record.generation, replaces_slice=bool(slices)
+        )
+
+    def _updated_spec(
+        self, record: DeploymentRecord, changes: Mapping[str, Any], clear: Sequence[str]
+    ) -> tuple[dict[str, Any], list[SpecChange]]:
+        """The record's spec with ``changes`` applied and ``clear`` unset, each value checked; and what changed."""
+        if record.desired is Desired.ABSENT:
+            raise GatewayError(
+                "failed_precondition",
+                "deployment_id",
+                f"'{record.deployment_id}' is being deleted; it cannot be updated",
+                "create it again with tpu_create_deployment once its phase is DELETED",
+            )
+        given = _checked_changes(record, changes, clear)
+        spec = record.spec.model_dump(mode="json")  # every other field (health, backend, ...) stays as it is
+        before = _flat(spec)
+        for field, value in given.items():
+            (spec["serving"] if field in _SERVING else spec)[field] = value
+        after = _flat(spec)
+        diffs = [SpecChange(field=f, old=before[f], new=after[f]) for f in UPDATABLE if before[f] != after[f]]
+        return spec, diffs
+
+    def _update_message(
+        self, record: DeploymentRecord, spec: dict[str, Any], diffs: list[SpecChange], command_id: str | None
+    ) -> Any:
+        """The ``deployment.update`` to publish, checked by the wire models and for fit; refused when it changes
+        nothing."""
+        if not diffs:
+            raise GatewayError(
+                "invalid_argument",
+                "changes",
+                f"'{record.deployment_id}' already has these values; nothing was published",
+                "give at least one of " + ", ".join(UPDATABLE) + " with a new value (tpu_get_deployment shows "
+                "the current ones)",
+            )
+        message = self.publisher.validated(
+            {
+                "kind": "deployment.update",
+                "deployment_id": record.deployment_id,
+                "spec": spec,
+                "expected_generation": record.generation,
+            },
+            command_id,
+        )
+        plan = self.plans.serving_plan(message.spec)
+        if not plan.fits:
+            changed = [d.field for d in diffs if d.field in ("accelerator", "max_model_len", "kv_cache_dtype", "dtype")]
+            raise GatewayError(
+                "failed_precondition",
+                changed[0] if changed else "accelerator",
+                f"{record.spec.model} would not fit {message.spec.accelerator}: " + "; ".join(plan.capacity.reasons),
+                fit_fixes(plan) + " (tpu_plan_deployment shows the table)",
+            )
+        return message
+
+    def _update_state(self, record: DeploymentRecord, spec: Any) -> str:
+        """What an update's confirmation is bound to: the deployment as it is now and the spec it becomes."""
+        digest = self.confirmations.fingerprint(
+            str(record.generation), record.desired.value, record.created_at.isoformat(), spec.model_dump_json()
+        )
+        return f"g{record.generation}-{digest}"
+
     def _impact(self, action: ConfirmAction, record: DeploymentRecord) -> str:
         """What ``action`` will do to ``record``'s deployment; raises when it cannot run."""
         deployment_id = record.deployment_id
         if action == "delete":
-            hourly = hourly_usd(record)
+            hourly = hourly_usd(record, pricing(self.ports))
             cost = f", about ${hourly:.2f}/h" if hourly else ""
             count = len(record.status.resources)
             return (
@@ -260,7 +410,7 @@ class Deployments:
                 "failed_precondition",
                 "model",
                 f"'{model}' downloads gated weights and no Hugging Face token is stored",
-                "save one first with tpu_save_hf_token (or `tpuctl token set`)",
+                Fix("save one first with ", ToolRef("tpu_save_hf_token")),
             )
 
 
@@ -276,3 +426,138 @@ def _create_spec(
     if boot_budget_s is not None:  # the installation's default (TPUCTL_BOOT_BUDGET_S)
         spec["health"] = {"boot_budget_s": boot_budget_s}
     return spec
+
+
+def _checked_changes(record: DeploymentRecord, changes: Mapping[str, Any], clear: Sequence[str]) -> dict[str, Any]:
+    """``changes`` checked like create checks them (bounds, closed sets, zones that offer the slice), and each
+    field of ``clear`` as None; refused by name when a field is unknown, given twice, or none is given."""
+    for field in changes:
+        if field not in UPDATABLE:
+            raise GatewayError(
+                "invalid_argument", "changes", "names a field an update cannot change", "use " + ", ".join(UPDATABLE)
+            )
+    cleared = bounds.text_list(
+        "clear",
+        list(clear),
+        max_items=len(CLEARABLE),
+        min_items=0,
+        item=lambda field, value: bounds.choice(field, value, CLEARABLE),
+    )
+    given = {field: value for field, value in changes.items() if value is not None}
+    for field in cleared:
+        if field in given:
+            raise GatewayError(
+                "invalid_argument", field, "is both given and cleared", f"give {field} a value, or clear it, not both"
+            )
+    if not given and not cleared:
+        raise GatewayError(
+            "invalid_argument",
+            "changes",
+            "no field to change was given",
+            "give at least one of " + ", ".join(UPDATABLE),
+        )
+    checked = _checked_values(record, given)
+    checked.update({field: None for field in cleared})
+    return checked
+
+
+def _checked_values(record: DeploymentRecord, given: dict[str, Any]) -> dict[str, Any]:
+    """Each given value through the same checks as create (a new slice type re-checks the zones it would use)."""
+    checked: dict[str, Any] = {}
+    if "accelerator" in given or "zones" in given:
+        _, accelerator, zones, _ = slice_arguments(
+            record.spec.model,
+            given.get("accelerator", record.spec.accelerator),
+            given.get("zones", list(record.spec.zones)),
+            None,
+        )
+        checked.update({"accelerator": accelerator, "zones": zones})
+        checked = {field: value for field, value in checked.items() if field in given}
+    if "tiers" in given:
+        tiers = bounds.text_list(
+            "tiers",
+            given["tiers"],
+            max_items=bounds.MAX_TIERS,
+            item=lambda field, value: bounds.choice(field, value, TIERS),
+        )
+        if "reservation" in tiers and not record.spec.reservation_name:
+            raise GatewayError(
+                "invalid_argument",
+                "tiers",
+                f"'reservation' needs a reservation name and '{record.deployment_id}' was created without one",
+                "leave 'reservation' out, or create a deployment with reservation_name",
+            )
+        checked["tiers"] = tiers
+    numbers = {
+        "hedge": lambda v: bounds.integer("hedge", v, bounds.HEDGE),
+        "ttl_hours": lambda v: bounds.number("ttl_hours", v, bounds.TTL_HOURS, low_open=True),
+        "budget_usd": lambda v: bounds.number("budget_usd", v, bounds.BUDGET_USD, low_open=True),
+        "idle_minutes": lambda v: bounds.integer("idle_minutes", v, bounds.IDLE_MINUTES),
+        "max_model_len": lambda v: bounds.integer("max_model_len", v, bounds.MAX_MODEL_LEN),
+        "kv_cache_dtype": lambda v: bounds.choice("kv_cache_dtype", v, KV_CACHE_DTYPES),
+        "dtype": lambda v: bounds.choice("dtype", v, WEIGHT_DTYPES),
+    }
+    checked.update({field: check(given[field]) for field, check in numbers.items() if field in given})
+    return checked
+
+
+def _flat(spec: dict[str, Any]) -> dict[str, Any]:
+    """The updatable fields of a spec dump, serving knobs lifted to the top."""
+    serving = spec.get("serving") or {}
+    return {field: (serving if field in _SERVING else spec).get(field) for field in UPDATABLE}
+
+
+def _replaced_slices(record: DeploymentRecord, spec: DeploymentSpec) -> list[ResourceRef]:
+    """The slices an update to ``spec`` would replace: none when it applies in place (TTL, budget, idle, health:
+    ``shared.domain.spec_change``); else those up (ACTIVE) or being provisioned, not being deleted, while the
+    deployment is meant to run (a stopped one releases its slices anyway)."""
+    if record.desired is not Desired.PRESENT or not needs_new_generation(record.spec, spec):
+        return []
+    return [r for r in record.status.resources if r.delete_requested_at is None and r.state in _SLICE_STATES]
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe_changes(changes: Sequence[SpecChange]) -> str:
+    """``ttl_hours 4 → 8; zones [a] → [a, b]``."""
+    return "; ".join(f"{change.field} {_shown(change.old)} → {_shown(change.new)}" for change in changes)
+
+
+def _update_impact(
+    record: DeploymentRecord, diffs: Sequence[SpecChange], slices: Sequence[ResourceRef], hourly: float | None
+) -> str:
+    """What an update does to the running slice, for the user to confirm."""
+    deployment_id = record.deployment_id
+    head = (
+        f"updating '{deployment_id}' ({describe_changes(diffs)}) makes generation {record.generation + 1}, "
+        "and every generation runs on a TPU slice of its own"
+    )
+    active = [ref for ref in slices if ref.state is QueuedResourceState.ACTIVE]
+    if not active:
+        names = ", ".join(ref.name for ref in slices)
+        return f"{head}: {names} found capacity and is being provisioned; it is deleted and the search starts again"
+    cost = f" (about ${hourly:.2f}/h more)" if hourly else ""
+    return (
+        f"{head}: the capacity search starts now; {active[0].name} ({active[0].zone}, {active[0].tier.value}) "
+        f"keeps serving until the new slice serves, then it is deleted; both bill during the handover{cost}, "
+        "the model loads again on the new node and the endpoint address changes"
+    )
+
+
+def _update_next_step(record: DeploymentRecord, replaces: bool, in_place: bool) -> str:
+    if in_place:
+        return "Applies to the running generation; the slice and the endpoint are kept. Poll tpu_get_operation."
+    if record.desired is Desired.STOPPED:
+        return "The deployment stays stopped; tpu_start_deployment brings it up with the new spec."
+    if replaces:
+        return (
+            "Poll tpu_get_operation with this command_id; the current slice serves until the new generation's "
+            "slice does."
+        )
+    return "Poll tpu_get_operation with this command_id; the capacity search starts again with the new spec."

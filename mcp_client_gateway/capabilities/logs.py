@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.checks import SEVERITIES, SOURCES
@@ -21,15 +21,37 @@ from mcp_client_gateway.capabilities.serving import Serving
 from mcp_client_gateway.capabilities.views import from_cloud, sample_view
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.log_hygiene import clean_text
-from mcp_client_gateway.models import LogAnalysis, LogLine, LogsView, MetricsView, ServingLogsView
+from mcp_client_gateway.models import (
+    LogAnalysis,
+    LogLine,
+    LogsView,
+    MetricsView,
+    MetricTotalsView,
+    MetricWindowView,
+    RequestCountsView,
+    ServingLogsView,
+    WindowLatencyView,
+)
 from shared.domain.errors import CloudError
+from shared.domain.metric_window import (
+    PERCENTILE_SOURCE,
+    MetricTotals,
+    MetricWindow,
+    RequestCounts,
+    counter_totals,
+    points_from_samples,
+    summary_lines,
+    window_figures,
+)
 from shared.domain.models import NodeTask
 from shared.domain.node_task_rules import no_node_reason
+from shared.domain.vllm_logs import is_probe_access
 from shared.ports import LogEntry, LogQuery, LogSeverity, LogSource
 
 __all__ = ["MAX_LOG_CHARS", "TAIL_WAIT_S", "MetricsAndLogs"]
 
 _MAX_SAMPLES = 120
+_MAX_COUNTER_SAMPLES = 2000  # about 33 hours of one-minute ticks: the span totals and window figures can cover
 MAX_LOG_CHARS = 4096
 _MAX_ANALYSIS_CHARS = 8192
 TAIL_WAIT_S = 3.0  # how long tpu_tail_serving_logs waits for the node's answer before returning the task id
@@ -65,23 +87,47 @@ class MetricsAndLogs:
         """How long tail_serving_logs waits for the node's answer (tests shorten it)."""
 
     def get_metrics(self, deployment_id: str, *, window_minutes: int = 60) -> MetricsView:
-        """The latest SLIs and the samples of a window, with window averages."""
+        """The latest SLIs; totals and window figures from the samples' cumulative vLLM series; the window's samples.
+
+        Totals count from the start of the current serving generation (``serving_since``), or from the oldest
+        sample read when nothing serves; at most ``_MAX_COUNTER_SAMPLES`` samples are read.
+        """
         window_minutes = bounds.integer("window_minutes", window_minutes, bounds.WINDOW_MINUTES)
         record = self.records.get(deployment_id, include_deleted=True)
-        since = self.ports.clock.now() - timedelta(minutes=window_minutes)
-        samples = self.ports.store.list_samples(deployment_id, since=since, limit=_MAX_SAMPLES)
+        window_start = self.ports.clock.now() - timedelta(minutes=window_minutes)
+        serving_since = record.status.serving_since
+        read_from = None if serving_since is None else min(window_start, serving_since)
+        samples = self.ports.store.list_samples(deployment_id, since=read_from, limit=_MAX_COUNTER_SAMPLES)
+        in_window = [s for s in samples if s.taken_at >= window_start]
+        window_points, skipped = points_from_samples(in_window)
+        total_points, _ = points_from_samples(
+            s for s in samples if serving_since is None or s.taken_at >= serving_since
+        )
+        notes = [f"{n} sample(s) in the window skipped: {reason}" for reason, n in sorted(skipped.items())]
+        if len(window_points) < 2:
+            notes.append("window figures need two samples with vLLM counters in the window; widen the window")
+        if len(samples) >= _MAX_COUNTER_SAMPLES:
+            notes.append(
+                f"only the newest {_MAX_COUNTER_SAMPLES} samples were read; totals (and a longer window) start "
+                "at the oldest"
+            )
+        totals, window = counter_totals(total_points), window_figures(window_points)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for sample in samples:
+        for sample in in_window:
             for name, value in sample.slis.items():
                 sums[name] = sums.get(name, 0.0) + value
                 counts[name] = counts.get(name, 0) + 1
         return MetricsView(
             deployment_id=deployment_id,
             phase=record.status.phase.value,
-            latest=sample_view(samples[0]) if samples else None,
+            latest=sample_view(in_window[0]) if in_window else None,
             window_minutes=window_minutes,
-            history=[sample_view(s) for s in samples],
+            totals=None if totals is None else _totals_view(totals),
+            window=None if window is None else _window_view(window),
+            notes=notes + list(window.notes if window else ()),
+            summary=summary_lines(totals, window),
+            history=[sample_view(s) for s in in_window[:_MAX_SAMPLES]],
             averages={name: round(sums[name] / counts[name], 4) for name in sorted(sums)},
         )
 
@@ -94,8 +140,14 @@ class MetricsAndLogs:
         minutes: int = 60,
         limit: int = 50,
         max_chars: int = MAX_LOG_CHARS,
+        include_probes: bool = False,
     ) -> LogsView:
-        """Recent log lines, bounded, sanitised and labelled as untrusted."""
+        """Recent log lines, bounded, sanitised and labelled as untrusted; the monitor's own successful probes
+        (vLLM's ``GET /health`` 200 access lines and the like) are left out unless ``include_probes``.
+
+        The window is wall time, whatever the controller's clock: log lines carry the time their writer's
+        wall clock gave them, in Cloud Logging as in the local stack's files (a simulator's virtual clock runs
+        ahead of them)."""
         deployment_id = None if deployment_id is None else bounds.deployment_id(deployment_id)
         source = bounds.choice("source", source, SOURCES)  # type: ignore[assignment]
         min_severity = bounds.choice("min_severity", min_severity, SEVERITIES)  # type: ignore[assignment]
@@ -108,20 +160,24 @@ class MetricsAndLogs:
         self.redaction.register_known()
         query = LogQuery(
             deployment_id=deployment_id,
-            since=self.ports.clock.now() - timedelta(minutes=minutes),
+            since=datetime.now(UTC) - timedelta(minutes=minutes),
             min_severity=min_severity,
             source=source,
-            limit=limit,
+            limit=limit if include_probes else min(limit + _PROBE_HEADROOM, bounds.LOG_LIMIT[1] + _PROBE_HEADROOM),
         )
         try:
             entries = reader.read(query)
         except CloudError as exc:
             raise from_cloud(exc, "logs") from None
-        lines, truncated = _bounded_lines(entries, max_chars)
+        shown = entries if include_probes else [e for e in entries if not is_probe_access(e.message)]
+        hidden = len(entries) - len(shown)
+        lines, truncated = _bounded_lines(shown[:limit], max_chars)
         counts: dict[str, int] = {}
         for line in lines:
             counts[line.severity] = counts.get(line.severity, 0) + 1
-        return LogsView(deployment_id=deployment_id, entries=lines, counts=counts, truncated=truncated)
+        return LogsView(
+            deployment_id=deployment_id, entries=lines, counts=counts, truncated=truncated, probe_lines_hidden=hidden
+        )
 
     def analyze_logs(
         self, deployment_id: str, *, minutes: int = 60, min_severity: LogSeverity = "WARNING"
@@ -221,6 +277,10 @@ class MetricsAndLogs:
         return _serving_logs_view(deployment_id, task_id, task, requested_at=task.requested_at)
 
 
+# How many more lines to read than asked for, so that leaving out probe lines still fills the answer.
+_PROBE_HEADROOM = 500
+
+
 def _bounded_lines(entries: Sequence[LogEntry], max_chars: int) -> tuple[list[LogLine], bool]:
     lines: list[LogLine] = []
     used = 0
@@ -283,4 +343,60 @@ def _serving_logs_view(
         requested_at=task.requested_at,
         finished_at=task.finished_at,
         next_step="See tpu_get_deployment for the node's state, then try again." if failed else "",
+    )
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _counts_view(counts: RequestCounts) -> RequestCountsView:
+    return RequestCountsView(
+        requests_finished=_whole(counts.finished),
+        requests_served=_whole(counts.served),
+        requests_errored=_whole(counts.errored),
+        requests_aborted=_whole(counts.aborted),
+        prompt_tokens=_whole(counts.prompt_tokens),
+        generation_tokens=_whole(counts.generation_tokens),
+        http_5xx=_whole(counts.http_5xx),
+        error_rate=None if counts.error_rate is None else round(counts.error_rate, 6),
+    )
+
+
+def _totals_view(totals: MetricTotals) -> MetricTotalsView:
+    return MetricTotalsView(
+        since=totals.since,
+        since_server_start=totals.since_server_start,
+        samples=totals.points,
+        restarts=totals.restarts,
+        counts=_counts_view(totals.counts),
+    )
+
+
+def _window_view(window: MetricWindow) -> MetricWindowView:
+    def rate(value: float | None) -> float | None:
+        per_second = window.per_second(value)
+        return None if per_second is None else round(per_second, 4)
+
+    return MetricWindowView(
+        start=window.start,
+        end=window.end,
+        span_s=round(window.span_s, 3),
+        samples=window.points,
+        restarts=window.restarts,
+        counts=_counts_view(window.counts),
+        requests_per_s=rate(window.counts.finished),
+        prompt_tokens_per_s=rate(window.counts.prompt_tokens),
+        generation_tokens_per_s=rate(window.counts.generation_tokens),
+        latency={
+            name: WindowLatencyView(
+                observations=round(figures.count),
+                mean_s=figures.mean_s,
+                p50_s=figures.p50_s,
+                p90_s=figures.p90_s,
+                p99_s=figures.p99_s,
+            )
+            for name, figures in window.latency.items()
+        },
+        percentiles_from=PERCENTILE_SOURCE,
     )

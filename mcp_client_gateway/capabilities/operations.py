@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from mcp_client_gateway import bounds
@@ -14,6 +14,7 @@ from mcp_client_gateway.capabilities.common import (
     NodeTaskReader,
     Records,
     hourly_usd,
+    pricing,
     slice_chips,
 )
 from mcp_client_gateway.capabilities.views import node_task_view, sample_view
@@ -30,7 +31,7 @@ from mcp_client_gateway.models import (
 )
 from shared.domain import deployment_progress
 from shared.domain.boot_progress import stage_text
-from shared.domain.models import BootProgress, DeploymentRecord, Desired, Phase
+from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec, Desired, Phase, Tier
 
 __all__ = ["Operations", "deployment_stage"]
 
@@ -91,6 +92,7 @@ class Operations:
         attempts = status.attempts[-_MAX_ATTEMPTS_SHOWN:]
         node_resource = next((r for r in reversed(status.resources) if r.node_state is not None), None)
         system = self._node_system(record)
+        prices = pricing(self.ports) if status.zone and status.tier else None  # read only for a priced slice
         return DeploymentDetail(
             deployment_id=record.deployment_id,
             model=spec.model,
@@ -107,7 +109,7 @@ class Operations:
             zone=status.zone,
             tier=status.tier.value if status.tier else None,
             endpoint=status.endpoint,
-            resources=[_resource(r) for r in status.resources],
+            resources=[_resource(r, spec) for r in status.resources],
             attempts=[
                 AttemptView(at=a.at, zone=a.zone, tier=a.tier.value, outcome=a.outcome, detail=clean_text(a.detail)[0])
                 for a in attempts
@@ -116,7 +118,8 @@ class Operations:
             slis=dict(status.slis),
             latest_sample=sample_view(samples[0]) if samples else None,
             spend_usd=round(status.spend_usd, 4),
-            hourly_usd=hourly_usd(record),
+            hourly_usd=hourly_usd(record, prices) if prices else None,
+            price_source=prices.label if prices else None,
             budget_usd=spec.budget_usd,
             ttl_hours=spec.ttl_hours,
             node=NodeView(
@@ -301,8 +304,16 @@ def _teardown_reason(record: DeploymentRecord) -> str:
     return "delete requested" if record.desired is Desired.ABSENT else "torn down"
 
 
-def _resource(ref: Any) -> ResourceView:
+def _resource(ref: Any, spec: DeploymentSpec) -> ResourceView:
+    """A resource with its terms: the reservation it draws on, the queued request's valid-until while it waits
+    (``created_at`` + the spec's ``valid_until_minutes``, as sent), and a flex-start slice's run-cap expiry
+    (``active_at`` + ``max_run_hours``: the provider deletes it then)."""
+    waiting = ref.created_at is not None and ref.active_at is None
+    flex = ref.tier is Tier.FLEX_START and ref.active_at is not None
     return ResourceView(
+        reservation=spec.reservation_name if ref.tier is Tier.RESERVATION else None,
+        valid_until=ref.created_at + timedelta(minutes=spec.valid_until_minutes) if waiting else None,
+        run_ends_at=ref.active_at + timedelta(hours=spec.max_run_hours) if flex else None,
         name=ref.name,
         zone=ref.zone,
         tier=ref.tier.value,
@@ -328,7 +339,7 @@ def _summary(record: DeploymentRecord) -> DeploymentSummary:
         generation=record.generation,
         spend_usd=round(status.spend_usd, 4),
         updated_at=record.updated_at,
-        resources=[_resource(r) for r in status.resources],
+        resources=[_resource(r, record.spec) for r in status.resources],
     )
 
 

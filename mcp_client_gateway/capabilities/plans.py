@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.capacity import Capacity, given_scope
 from mcp_client_gateway.capabilities.checks import (
     ARTIFACT_KINDS,
     KV_CACHE_DTYPES,
@@ -17,7 +18,14 @@ from mcp_client_gateway.capabilities.checks import (
     optional,
     slice_arguments,
 )
-from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records
+from mcp_client_gateway.capabilities.common import (
+    CommandPublisher,
+    GatewayPorts,
+    Pricing,
+    Records,
+    clock_warning,
+    pricing,
+)
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.models import ArtifactsView, CapacityView, CostView, PlanView
 from shared.domain.errors import InvalidMessage, PermanentError
@@ -46,13 +54,14 @@ class Plans:
         self.publisher = publisher
         self.environment = environment
         """The serving environment the controller deploys with (``shared.wiring.serving_environment``)."""
+        self.capacity = Capacity(ports)
 
     def plan(
         self,
         *,
         model: str,
         accelerator: str,
-        zones: Sequence[str] = ("us-east5-b",),
+        zones: Sequence[str] | None = None,
         tiers: Sequence[str] | None = None,
         max_model_len: int | None = None,
         kv_cache_dtype: str | None = None,
@@ -61,8 +70,12 @@ class Plans:
         ttl_hours: float | None = None,
         tokens_per_second: float | None = None,
     ) -> PlanView:
-        """Capacity verdict and HBM table, the vLLM launch, and prices per region and tier (read-only)."""
-        model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
+        """Capacity verdict and HBM table, the vLLM launch, prices per region and tier, and the search scope:
+        the zones given, else where the slice fits the live quota (``Capacity.search_scope``; read-only)."""
+        scope = None if zones is not None else self.capacity.search_scope(accelerator=accelerator, tiers=tiers)
+        model, accelerator, zones, tiers = slice_arguments(
+            model, accelerator, zones if scope is None else scope.zones, tiers
+        )
         max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
         kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         dtype = optional(bounds.choice, "dtype", dtype, WEIGHT_DTYPES)
@@ -94,7 +107,8 @@ class Plans:
         )
         plan = self.serving_plan(spec)
         capacity = plan.capacity
-        costs = _cost_views(plan, tokens_per_second)
+        prices = pricing(self.ports)
+        costs = _cost_views(plan, tokens_per_second, prices)
         return PlanView(
             model=plan.preset.name,
             hub_id=plan.engine.model,
@@ -113,7 +127,10 @@ class Plans:
             unpriced=list(plan.unpriced),
             notes=list(plan.notes),
             price_table_date=PRICE_TABLE_DATE.isoformat(),
+            price_source=prices.label,
             plan_hash=plan.plan_hash,
+            search_scope=scope or given_scope(zones),
+            clock_warning=clock_warning(self.ports, ttl_hours),
         )
 
     def render_artifacts(
@@ -179,26 +196,29 @@ class Plans:
             ) from None
 
 
-def _cost_views(plan: ServingPlan, tokens_per_second: float | None) -> list[CostView]:
-    """The plan's prices per region and tier (the first of each), cheapest first."""
-    from shared.domain.cost import cost_per_million_tokens
+def _cost_views(plan: ServingPlan, tokens_per_second: float | None, prices: Pricing) -> list[CostView]:
+    """The plan's prices per region and tier (the first of each), cheapest first, at the controller's prices
+    (the Billing Catalog; the plan's dated-table estimate where the source knows no price)."""
+    from shared.domain.cost import HOURS_PER_DAY, cost_per_million_tokens
 
     costs: dict[tuple[str, str], CostView] = {}
     for cost in plan.costs:
+        found = prices.lookup(cost.region, cost.tier, plan.slice.family)
+        hourly, source = (found[0] * cost.chips, found[1]) if found else (cost.usd_per_hour, cost.price_source)
         per_million = None
         if tokens_per_second:
-            per_million = round(cost_per_million_tokens(cost.usd_per_hour, tokens_per_second), 4)
+            per_million = round(cost_per_million_tokens(hourly, tokens_per_second), 4)
         costs.setdefault(
             (cost.region, cost.tier.value),
             CostView(
                 region=cost.region,
                 tier=cost.tier.value,
-                usd_per_hour=round(cost.usd_per_hour, 4),
-                usd_per_day=round(cost.usd_per_day, 2),
-                usd_for_ttl=round(cost.usd_for_ttl, 2) if cost.usd_for_ttl is not None else None,
+                usd_per_hour=round(hourly, 4),
+                usd_per_day=round(hourly * HOURS_PER_DAY, 2),
+                usd_for_ttl=round(hourly * cost.billable_hours, 2) if cost.billable_hours is not None else None,
                 capped_by_run_duration=cost.capped_by_run_duration,
                 usd_per_million_tokens=per_million,
-                price_source=cost.price_source,
+                price_source=source,
             ),
         )
     return sorted(costs.values(), key=lambda c: c.usd_per_hour)

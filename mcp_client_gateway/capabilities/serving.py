@@ -77,6 +77,7 @@ class Serving:
             total_ms=round(chat.total_s * 1000, 2),
             output_tokens_per_s=round(tokens / chat.total_s, 2) if tokens and chat.total_s > 0 else None,
             decode_tokens_per_s=decode_rate,
+            note=_empty_answer_note(chat.text, chat.finish_reason, tokens, max_tokens, temperature),
         )
 
     def check_health(self, deployment_id: str) -> HealthReport:
@@ -221,3 +222,21 @@ class Serving:
         key = deployment_api_key(master, deployment_id)
         register_secret(key)
         return key
+
+
+def _empty_answer_note(
+    text: str, finish_reason: str | None, tokens: int | None, max_tokens: int, temperature: float
+) -> str | None:
+    """Why an answer with no visible text may be empty, and what to try; None when there is text."""
+    if text.strip():
+        return None
+    tries = ["temperature 0"] if temperature > 0 else []
+    tries += [f"more max_tokens (this call allowed {max_tokens})", "another prompt"]
+    return (
+        f"the model returned no text ({f'finish_reason={finish_reason}' if finish_reason else 'no finish_reason'}, "
+        f"{tokens or 0} completion tokens): "
+        "a tiny model, such as the local stand-in, often ends at once or emits only whitespace; try "
+        + ", ".join(tries[:-1])
+        + " or "
+        + tries[-1]
+    )

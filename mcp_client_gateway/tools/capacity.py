@@ -76,9 +76,14 @@ def _register_plan(tools: ToolSet) -> None:
         model: Annotated[ModelChoice, Field(description="Model preset.")],
         accelerator: Annotated[AcceleratorChoice, Field(description="TPU slice type.")] = "v6e-4",
         zones: Annotated[
-            ZonesArg,
-            Field(description="Zones to price (their regions' prices).", min_length=1, max_length=bounds.MAX_ZONES),
-        ] = ["us-east5-b"],  # noqa: B006 - pydantic copies defaults
+            ZonesArg | None,
+            Field(
+                description="Zones to price (their regions' prices); default: every zone where the slice fits "
+                "the live quota (search_scope).",
+                min_length=1,
+                max_length=bounds.MAX_ZONES,
+            ),
+        ] = None,
         tiers: Annotated[
             list[TierChoice] | None,
             Field(description="Tiers to price; default all but reservation.", max_length=bounds.MAX_TIERS),
@@ -113,7 +118,8 @@ def _register_plan(tools: ToolSet) -> None:
         """Decide before spending: does the model fit the slice (per-chip HBM table: weights, KV cache, free
         space, KV tokens, full-context sequences) and if not the smallest slice that does; the exact vLLM
         flags and pinned image; and the price per hour, day, TTL and million tokens per region and tier.
-        Read-only, instant, no cloud calls."""
+        Without zones, search_scope lists every zone where the slice fits the live quota (what a create without
+        zones searches) and the zones left out, with why. Read-only; creates nothing."""
         plan = await run(
             lambda: core.plan(
                 model=model,
@@ -131,7 +137,10 @@ def _register_plan(tools: ToolSet) -> None:
         cheapest = f"; from ${plan.costs[0].usd_per_hour:.2f}/h ({plan.costs[0].tier})" if plan.costs else ""
         verdict = "fits" if plan.fits else f"does not fit (smallest: {plan.smallest_fitting_slice or 'none'})"
         return tool_result(
-            plan, f"{model} on {accelerator} {verdict}; {plan.capacity.kv_tokens:,} KV tokens{cheapest}."
+            plan,
+            f"{model} on {accelerator} {verdict}; {plan.capacity.kv_tokens:,} KV tokens{cheapest}. "
+            f"{plan.search_scope.summary}. Prices: {plan.price_source}."
+            + (f" Warning: {plan.clock_warning}." if plan.clock_warning else ""),
         )
 
 

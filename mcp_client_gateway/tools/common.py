@@ -25,7 +25,7 @@ from mcp_client_gateway import bounds
 from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayCore, GatewayError
 from mcp_client_gateway.models import CommandAccepted
-from mcp_client_gateway.strict_tools import StrictTool
+from mcp_client_gateway.strict_tools import GatewayToolError, StrictTool, error_result
 from shared.domain.models import AcceleratorType, ModelPreset
 
 __all__ = [
@@ -144,15 +144,19 @@ async def run(call: Callable[[], T]) -> T:
     except GatewayError as exc:
         if exc.confirmation is not None:
             raise ConfirmationRefused(exc) from None
-        raise ToolError(exc.render()) from None
+        raise GatewayToolError(exc) from None
     except ToolError:
         raise
     except Exception:
         correlation_id = uuid.uuid4().hex[:12]
         log.exception("a tool call failed unexpectedly", extra={"correlation_id": correlation_id})
-        raise ToolError(
-            f"[internal] the gateway failed unexpectedly (correlation id {correlation_id}); the details are in "
-            "the gateway's log, not here"
+        raise GatewayToolError(
+            GatewayError(
+                "internal",
+                None,
+                f"the gateway failed unexpectedly (correlation id {correlation_id}); the details are in the "
+                "gateway's log, not here",
+            )
         ) from None
 
 
@@ -163,19 +167,14 @@ def supports_elicitation(ctx: Context) -> bool:
 
 
 class ConfirmationRefused(ToolError):
-    """A destructive call refused for want of confirmation; ``result`` carries the impact and the new token."""
+    """A destructive call refused for want of confirmation; ``result`` carries the error's shape and, beside it
+    in the same JSON, the confirmation request (the impact and the new token)."""
 
     def __init__(self, error: GatewayError) -> None:
         super().__init__(error.render())
         request = error.confirmation
         assert request is not None
-        self.result = CallToolResult(
-            content=[
-                TextContent(type="text", text=error.render()),
-                TextContent(type="text", text=request.model_dump_json()),
-            ],
-            is_error=True,
-        )
+        self.result = error_result(error, **request.model_dump(mode="json"))
 
 
 async def confirmed_command(call: Callable[[], CommandAccepted]) -> CallToolResult:
@@ -197,16 +196,18 @@ def token_to_use(request: ConfirmationRequest | None, answer: Any, confirm: str 
     if request is None:
         return confirm
     if not isinstance(answer, AcceptedElicitation):
-        raise ToolError("[confirmation_required] confirm: the user declined; nothing was changed")
+        raise GatewayToolError(
+            GatewayError("confirmation_required", "confirm", "the user declined; nothing was changed")
+        )
     typed = str(getattr(answer.data, "confirm", "")).strip()
     if typed != request.target:
-        raise ToolError(
+        raise GatewayToolError(
             GatewayError(
                 "confirmation_required",
                 "confirm",
                 f"what the user typed does not match '{request.target}'; nothing was changed",
                 f"ask again; the user confirms by typing '{request.target}'",
-            ).render()
+            )
         )
     return request.confirm
 
@@ -228,7 +229,7 @@ def _confirmation_of(core: GatewayCore, action: Literal["delete", "stop", "resta
         try:
             return core.request_confirmation(action, deployment_id)
         except GatewayError as exc:
-            raise ToolError(exc.render()) from None
+            raise GatewayToolError(exc) from None
 
     resolve.__name__ = resolve.__qualname__ = f"confirmation_of_{action}"
     return resolve

@@ -1,22 +1,27 @@
-"""Deployment tools: create, delete, stop, start, restart serving. Commands answer at once with a command_id;
-delete, stop and restart are confirmed (by elicitation, or by the token their refusal hands out).
+"""Deployment tools: create, update, delete, stop, start, restart serving. Commands answer at once with a
+command_id; delete, stop, restart and an update that replaces a running slice are confirmed (by elicitation, or by
+the token their refusal hands out).
 
 No ``from __future__ import annotations`` here: the SDK reads these signatures at registration.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import ElicitationResult, Resolve
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, Resolve
 from mcp.types import CallToolResult
 from pydantic import Field
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
 from mcp_client_gateway.confirmation import ConfirmationRequest
-from mcp_client_gateway.models import CommandAccepted
+from mcp_client_gateway.core import GatewayError
+from mcp_client_gateway.models import CommandAccepted, UpdateAccepted
+from mcp_client_gateway.strict_tools import GatewayToolError
 from mcp_client_gateway.tools.common import (
     AcceleratorChoice,
     CommandIdArg,
     ConfirmArg,
+    ConfirmationRefused,
     ConfirmForm,
     DeploymentIdArg,
     ModelChoice,
@@ -28,6 +33,7 @@ from mcp_client_gateway.tools.common import (
     annotations,
     confirmed_command,
     run,
+    supports_elicitation,
     token_to_use,
     tool_result,
 )
@@ -35,9 +41,10 @@ from mcp_client_gateway.tools.common import (
 __all__ = ["register_create", "register_lifecycle"]
 
 CreateZonesArg = Annotated[
-    ZonesArg,
+    ZonesArg | None,
     Field(
         description="Zones the capacity search may use, best first, e.g. ['us-east5-b','europe-west4-a']. "
+        "Omit for every zone where the slice fits your live quota (tpu_plan_deployment shows that scope). "
         "tpu_list_zones shows prices and what the search remembers.",
         min_length=1,
         max_length=bounds.MAX_ZONES,
@@ -79,6 +86,33 @@ MaxModelLenArg = Annotated[
     ),
 ]
 KvCacheDtypeArg = Annotated[Literal["auto", "fp8"] | None, Field(description="fp8 halves the KV cache footprint.")]
+UpdateZonesArg = Annotated[
+    ZonesArg | None,
+    Field(
+        description="New zones the capacity search may use, best first (replaces the list; omit to keep it).",
+        min_length=1,
+        max_length=bounds.MAX_ZONES,
+    ),
+]
+UpdateTiersArg = Annotated[
+    list[TierChoice] | None,
+    Field(
+        description="New capacity tiers in priority order (replaces the list; omit to keep it).",
+        min_length=1,
+        max_length=bounds.MAX_TIERS,
+    ),
+]
+UpdateAcceleratorArg = Annotated[
+    AcceleratorChoice | None, Field(description="New TPU slice type; the model must fit it and the zones offer it.")
+]
+ClearableField = Literal["ttl_hours", "budget_usd", "idle_minutes", "max_model_len"]
+ClearArg = Annotated[
+    list[ClearableField] | None,
+    Field(
+        description="Fields to unset: no TTL, no budget, never idle, the preset's context length.",
+        max_length=len(CLEARABLE),
+    ),
+]
 
 
 def register_create(tools: ToolSet) -> None:
@@ -96,7 +130,7 @@ def register_create(tools: ToolSet) -> None:
             deployment_id: DeploymentIdArg,
             model: Annotated[ModelChoice, Field(description="Model preset to serve.")],
             accelerator: Annotated[AcceleratorChoice, Field(description="TPU slice type.")] = "v6e-4",
-            zones: CreateZonesArg = ["us-east5-b"],  # noqa: B006 - pydantic copies defaults
+            zones: CreateZonesArg = None,
             tiers: CreateTiersArg = None,
             hedge: HedgeArg = None,
             ttl_hours: TtlHoursArg = None,
@@ -137,6 +171,7 @@ def register_lifecycle(tools: ToolSet) -> None:
     _register_stop(tools)
     _register_start(tools)
     _register_restart(tools)
+    _register_update(tools)
 
 
 def _register_delete(tools: ToolSet) -> None:
@@ -251,3 +286,88 @@ def _register_restart(tools: ToolSet) -> None:
             Returns command_id at once."""
             token = token_to_use(confirmation, answer, confirm)
             return await confirmed_command(lambda: core.restart_serving(deployment_id, confirm=token, reason=reason))
+
+
+def _register_update(tools: ToolSet) -> None:
+    core = tools.core
+
+    def update_confirmation(
+        deployment_id: str,
+        ctx: Context,
+        ttl_hours: float | None,
+        budget_usd: float | None,
+        idle_minutes: int | None,
+        zones: list[str] | None,
+        tiers: list[str] | None,
+        hedge: int | None,
+        accelerator: str | None,
+        max_model_len: int | None,
+        kv_cache_dtype: str | None,
+        dtype: str | None,
+        clear: list[str] | None,
+    ) -> ConfirmationRequest | None:
+        """With elicitation and a running slice to replace: the impact and a token, minted before asking."""
+        changes = {name: value for name, value in locals().items() if name in UPDATABLE}  # the parameters above
+        if not supports_elicitation(ctx):
+            return None
+        try:
+            return core.update_confirmation(deployment_id, changes, clear=clear or ())
+        except GatewayError as exc:
+            raise GatewayToolError(exc) from None
+
+    def ask_update(request: Annotated[ConfirmationRequest | None, Resolve(update_confirmation)]) -> Any:
+        if request is None:
+            return None
+        return Elicit(f"{request.impact}. Type '{request.target}' to confirm.", ConfirmForm)
+
+    if not tools.read_only:
+
+        @tools.tool(
+            annotations=annotations(
+                "Update a deployment's spec", read_only=False, destructive=True, idempotent=True, open_world=True
+            )
+        )
+        async def tpu_update_deployment(
+            deployment_id: DeploymentIdArg,
+            confirmation: Annotated[ConfirmationRequest | None, Resolve(update_confirmation)],
+            answer: Annotated[ElicitationResult[ConfirmForm], Resolve(ask_update)],
+            ttl_hours: TtlHoursArg = None,
+            budget_usd: BudgetArg = None,
+            idle_minutes: IdleMinutesArg = None,
+            zones: UpdateZonesArg = None,
+            tiers: UpdateTiersArg = None,
+            hedge: HedgeArg = None,
+            accelerator: UpdateAcceleratorArg = None,
+            max_model_len: MaxModelLenArg = None,
+            kv_cache_dtype: KvCacheDtypeArg = None,
+            dtype: WeightDtypeArg = None,
+            clear: ClearArg = None,
+            confirm: ConfirmArg = None,
+            command_id: CommandIdArg = None,
+        ) -> Annotated[CallToolResult, UpdateAccepted]:
+            """Change a deployment's spec: only the fields given change (clear unsets TTL, budget, idle or context).
+            Publishes deployment.update against the current generation and returns command_id at once, with each
+            change old -> new. Every changed spec is a new generation on a new TPU slice: the current slice keeps
+            serving until the new one does (both bill meanwhile), so when a slice is up or being provisioned the
+            update needs the user's confirmation: call it without confirm first. Nothing happens then; the
+            refusal ([confirmation_required], is_error) states the impact and returns a confirmation token. Show
+            that impact to the user, and only if they agree call again with the same arguments and confirm set to
+            that token (5 minutes, only for this change on this deployment as it is now). A stopped deployment,
+            or one still searching, needs no confirmation. Follow with tpu_get_operation."""
+            changes = {name: value for name, value in locals().items() if name in UPDATABLE}  # the fields above
+            token = token_to_use(confirmation, answer, confirm)
+            try:
+                accepted = await run(
+                    lambda: core.update_deployment(
+                        deployment_id, changes, clear=clear or (), confirm=token, command_id=command_id
+                    )
+                )
+            except ConfirmationRefused as refused:
+                return refused.result
+            return tool_result(accepted, _update_summary(accepted))
+
+
+def _update_summary(accepted: UpdateAccepted) -> str:
+    if accepted.duplicate:
+        return accepted_summary(accepted)
+    return f"{accepted_summary(accepted)} Changes: {describe_changes(accepted.changes)}."

@@ -6,7 +6,6 @@ No ``from __future__ import annotations`` here: the SDK reads these signatures a
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, Resolve
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 from pydantic import Field
 
@@ -14,6 +13,7 @@ from mcp_client_gateway import bounds
 from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayError
 from mcp_client_gateway.models import SecretSaved
+from mcp_client_gateway.strict_tools import GatewayToolError
 from mcp_client_gateway.tools.common import (
     ConfirmationRefused,
     ConfirmForm,
@@ -39,7 +39,7 @@ def register(tools: ToolSet) -> None:
         try:
             return core.hf_token_confirmation(token)
         except GatewayError as exc:
-            raise ToolError(exc.render()) from None
+            raise GatewayToolError(exc) from None
 
     def ask_token_replacement(request: Annotated[ConfirmationRequest | None, Resolve(token_replacement)]) -> Any:
         if request is None:

@@ -56,7 +56,8 @@ def _register_query(tools: ToolSet) -> None:
         )
         ttft = f"{result.ttft_ms:.0f} ms" if result.ttft_ms is not None else "n/a"
         rate = f"{result.decode_tokens_per_s} tok/s" if result.decode_tokens_per_s is not None else "n/a"
-        return tool_result(result, f"{result.completion_tokens} tokens, TTFT {ttft}, decode {rate}.")
+        note = f" {result.note}." if result.note else ""
+        return tool_result(result, f"{result.completion_tokens} tokens, TTFT {ttft}, decode {rate}.{note}")
 
 
 def _register_health(tools: ToolSet) -> None:

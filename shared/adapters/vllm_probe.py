@@ -1,4 +1,5 @@
-"""The vLLM probe (httpx, async): ``/health``, ``/v1/models``, ``/version`` and ``/metrics`` of one server.
+"""The vLLM probe (httpx, async): ``/health``, ``/v1/models``, ``/version`` and ``/metrics`` of one server, and the
+monitor's canary completion (``POST /v1/chat/completions``, one token, ``shared.domain.canary``).
 
 Why its own adapter: the monitor must tell "not up yet" (connection refused) from "hung" (timeout), "wrong key"
 (401) and "engine dead" (503), and must read metrics with a real Prometheus parser. This is the only module that
@@ -13,6 +14,8 @@ speaks HTTP to vLLM for the monitor; everything it returns is a domain value (:c
   the derivations do not use (``cache_config_info`` with its 37 labels, ``python_*``, ...) are dropped; the
   remaining text goes through ``prometheus_client.parser.text_string_to_metric_families`` unchanged.
 * ``/version`` rarely changes, so it is cached per endpoint for ``version_ttl_s``.
+* The canary's stream is read as it arrives (at most ``_CANARY_MAX_LINES`` lines, the text bounded) and returned
+  as a :class:`CanaryCheck`; whether it proves a completion is the domain's call.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import json
 import ssl
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import sniffio  # noqa: F401  # httpcore retries a failed `import sniffio` on every request; fail at import instead
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared.domain.canary import CANARY_PATH, CanaryCheck, canary_request
 from shared.domain.health import EndpointCheck, ProbeOutcome, ProbeResult
 from shared.domain.metrics import COUNT_ONLY_FAMILIES, WANTED_FAMILIES, MetricsSnapshot, snapshot_from_samples
 from shared.domain.serving_key import deployment_api_key
@@ -36,6 +41,8 @@ __all__ = ["VllmProbe", "parse_metrics", "relevant_metric_lines"]
 
 _SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count")
 _SUCCESS_CREATED = "vllm:request_success_created"
+_CANARY_MAX_LINES = 256  # a one-token stream is about eight lines; more is a misbehaving server
+_CANARY_TEXT_LIMIT = 200
 
 
 def _family(name: str) -> str:
@@ -163,6 +170,35 @@ class VllmProbe:
             metrics=snapshot,
         )
 
+    async def canary(self, base_url: str, model: str, deployment_id: str | None = None) -> CanaryCheck:
+        """One streamed one-token chat completion to ``model``, with the same key as ``/v1/models`` gets. Network
+        trouble and error statuses become the check's outcome; the answer is read, not judged."""
+        base = base_url.rstrip("/")
+        reading = _CanaryReading()
+        started = time.perf_counter()
+        try:
+            async with (
+                self._client() as client,
+                client.stream(
+                    "POST", base + CANARY_PATH, json=canary_request(model), headers=self._auth(deployment_id)
+                ) as response,
+            ):
+                if not 200 <= response.status_code < 300:
+                    body = (await response.aread()).decode("utf-8", "replace")
+                    detail = f"{CANARY_PATH} answered HTTP {response.status_code}{_error_message(body)}"
+                    return CanaryCheck(_outcome_of(response.status_code), response.status_code, _since(started), detail)
+                async for line in response.aiter_lines():
+                    if not reading.feed(line):
+                        break
+                status = response.status_code
+        except httpx.TimeoutException as exc:
+            return CanaryCheck(ProbeOutcome.TIMEOUT, None, _since(started), _describe(exc))
+        except httpx.ConnectError as exc:
+            return CanaryCheck(ProbeOutcome.REFUSED, None, _since(started), _describe(exc))
+        except httpx.HTTPError as exc:
+            return CanaryCheck(ProbeOutcome.ERROR, None, _since(started), _describe(exc))
+        return reading.check(status, _since(started))
+
     def _auth(self, deployment_id: str | None) -> dict[str, str] | None:
         if not self._api_key:
             return None
@@ -207,6 +243,86 @@ async def _get(
     outcome = _outcome_of(response.status_code)
     detail = "" if outcome is ProbeOutcome.OK else f"{path} answered HTTP {response.status_code}"
     return EndpointCheck(outcome, response.status_code, elapsed, detail), response.text
+
+
+@dataclass
+class _CanaryReading:
+    """The canary's server-sent events, as they arrive: choices, text, usage, ``[DONE]``, a problem."""
+
+    lines: int = 0
+    choices: int = 0
+    text: str = ""
+    completion_tokens: int | None = None
+    done: bool = False
+    problem: str = ""
+
+    def feed(self, line: str) -> bool:
+        """Take one line; False once reading should stop (the stream is done, broken or too long)."""
+        self.lines += 1
+        if self.lines > _CANARY_MAX_LINES:
+            self.problem = f"the stream ran past {_CANARY_MAX_LINES} lines"
+            return False
+        if not line.startswith("data:"):
+            return True
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            self.done = True
+            return False
+        try:
+            chunk: Any = json.loads(data)
+        except ValueError:
+            self.problem = "a stream chunk is not JSON"
+            return False
+        if not isinstance(chunk, dict) or "error" in chunk:
+            self.problem = "error in the stream" + _error_message(data)
+            return False
+        self._take(chunk)
+        return True
+
+    def _take(self, chunk: dict[str, Any]) -> None:
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            self.choices += 1
+            delta = choice.get("delta")
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(content, str):
+                self.text = (self.text + content)[:_CANARY_TEXT_LIMIT]
+        usage = chunk.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            self.completion_tokens = tokens
+
+    def check(self, status: int, latency_s: float) -> CanaryCheck:
+        return CanaryCheck(
+            outcome=ProbeOutcome.OK,
+            status=status,
+            latency_s=latency_s,
+            detail=self.problem,
+            choices=self.choices,
+            text=self.text,
+            completion_tokens=self.completion_tokens,
+            done=self.done,
+        )
+
+
+def _error_message(body: str) -> str:
+    """``": <message>"`` from an OpenAI-style error body (``error.message``, ``error`` or ``detail``), bounded;
+    empty when there is none. Upstream text: the monitor cleans it before storing."""
+    try:
+        payload: Any = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(payload, dict):
+        return ""
+    error = payload.get("error", payload.get("detail"))
+    message = error.get("message") if isinstance(error, dict) else error
+    return f": {message[:_CANARY_TEXT_LIMIT]}" if isinstance(message, str) and message else ""
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
 
 
 def _outcome_of(status: int) -> ProbeOutcome:

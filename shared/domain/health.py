@@ -22,6 +22,9 @@ SLO breach, KV saturation, queueing,   DEGRADED   serving, but users feel it
 preemptions, errors
 otherwise                              SERVING
 =====================================  =========  ============================================================
+
+So SERVING proves no completion by itself: when no traffic did, the monitor sends a canary completion
+(``shared.domain.canary``), and a failed one turns SERVING into DEGRADED after these rules.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from shared.domain.metrics import IntervalStats, MetricsSnapshot
-from shared.domain.models import HealthThresholds, NodeState, Phase
+from shared.domain.metrics import IntervalStats, MetricsSnapshot, derive_interval
+from shared.domain.models import HealthThresholds, MonitorSample, NodeState, Phase
 
 __all__ = [
     "MONITORED_PHASES",
@@ -46,7 +49,9 @@ __all__ = [
     "ProbeResult",
     "assess",
     "healing_action",
+    "history_point",
     "idle_for",
+    "interval_since",
 ]
 
 MONITORED_PHASES = frozenset({Phase.BOOTING, Phase.COMPILING, Phase.SERVING, Phase.DEGRADED, Phase.STALLED, Phase.DOWN})
@@ -133,6 +138,32 @@ class Assessment:
     since: datetime
     reason: str
     conditions: tuple[str, ...] = field(default_factory=tuple)
+
+
+def history_point(sample: MonitorSample) -> HistoryPoint:
+    """What the phase model reads from a stored sample."""
+    counters = sample.counters.get("counters", {}) if sample.counters else {}
+    return HistoryPoint(
+        taken_at=sample.taken_at,
+        answered=bool(sample.counters),
+        running=sample.slis.get("running"),
+        waiting=sample.slis.get("waiting"),
+        kv_cache_usage=sample.slis.get("kv_cache_usage"),
+        generation_tokens=counters.get("generation_tokens"),
+        iterations=counters.get("iterations"),
+    )
+
+
+def interval_since(history: Sequence[MonitorSample], result: ProbeResult, now: datetime) -> IntervalStats | None:
+    """Rates over the interval since the newest sample that carried counters (``history`` newest first); None
+    when vLLM gave no metrics this time."""
+    if result.metrics is None:
+        return None
+    for sample in history:
+        previous = MetricsSnapshot.from_record(sample.counters) if sample.counters else None
+        if previous is not None:
+            return derive_interval(previous, result.metrics, (now - sample.taken_at).total_seconds())
+    return derive_interval(None, result.metrics, 0.0)
 
 
 def _held_since(now: datetime, history: Sequence[HistoryPoint], holds: Callable[[HistoryPoint], bool]) -> datetime:

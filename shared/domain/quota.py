@@ -25,7 +25,7 @@ prefix, so a TPU API quota block never matches a Compute Engine request and the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -50,6 +50,8 @@ __all__ = [
     "QuotaBound",
     "QuotaHeadroom",
     "QuotaLimit",
+    "ScopeExclusion",
+    "SearchScope",
     "compute_pool",
     "compute_quota_ids",
     "holds_tpu_quota",
@@ -57,6 +59,7 @@ __all__ = [
     "quota_alternatives",
     "quota_blocking_entry",
     "quota_headroom",
+    "search_scope",
     "slice_chips",
     "tpu_family_of",
     "tpu_quota_id",
@@ -399,3 +402,92 @@ def zones_with_zone_limits(limits: Iterable[QuotaLimit], family: str = "v6e") ->
         if limit.location.count("-") == 2:
             zones.add(limit.location)
     return zones
+
+
+# ---------------------------------------------------------------------------------------------- search scope
+#
+# With no zones given, the capacity search may use every catalog zone where the slice fits the live quota in
+# at least one requested tier (zone and region limits both); a zone whose quota is not listed is left out
+# (unknown is not free). Cheapest first, so the planner's zone order follows the price.
+
+
+@dataclass(frozen=True)
+class ScopeExclusion:
+    """A catalog zone left out of the default search scope, and why."""
+
+    zone: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SearchScope:
+    """The zones a search may use when the user names none: ``source`` live_quota, or catalog with ``problem``."""
+
+    accelerator: str
+    zones: tuple[str, ...]
+    excluded: tuple[ScopeExclusion, ...]
+    source: str  # live_quota | catalog
+    problem: str | None = None
+
+    def summary(self) -> str:
+        """``search scope: 3 zones where v6e-4 fits your quota: a, b, c; excluded: d (quota 0 spot chips)``."""
+        if self.source != "live_quota":
+            return (
+                f"search scope: the {len(self.zones)} catalog zone(s) offering {self.accelerator} "
+                f"(live quota not used: {self.problem}): {', '.join(self.zones)}"
+            )
+        text = f"search scope: {len(self.zones)} zone(s) where {self.accelerator} fits your quota: "
+        text += ", ".join(self.zones) if self.zones else "none"
+        grouped: dict[str, list[str]] = {}
+        for item in self.excluded:
+            grouped.setdefault(item.reason, []).append(item.zone)
+        if grouped:
+            text += "; excluded: " + ", ".join(f"{', '.join(zones)} ({reason})" for reason, zones in grouped.items())
+        return text
+
+
+def _shortfall(rows: Sequence[QuotaHeadroom], family: str) -> str:
+    """Why a zone's quota has no room for the slice in any tier asked about."""
+    listed = [row for row in rows if row.listed]
+    if not listed:
+        return f"no {family} quota listed"
+    parts = []
+    for row in listed:
+        bound = min(
+            (b for b in row.bounds if b.headroom is not None), key=lambda b: b.headroom or 0, default=row.bounds[0]
+        )
+        free = bound.headroom if bound.headroom is not None else "unknown"
+        parts.append(f"{free} {row.tier.value} chips in {bound.scope} {bound.location}")
+    return "quota " + ", ".join(parts)
+
+
+def search_scope(
+    accelerator: str,
+    catalog: Sequence[str],
+    headroom: Sequence[QuotaHeadroom] | None,
+    price: Callable[[str], float | None],
+    problem: str | None = None,
+) -> SearchScope:
+    """The default zones for ``accelerator``: catalog zones whose live ``headroom`` fits one slice, cheapest first.
+
+    ``headroom`` None (the quota could not be read) or listing no limit at all falls back to every catalog zone,
+    with ``problem`` saying why. ``price`` is the slice's cheapest hourly price in a zone (None: unpriced, last).
+    """
+
+    def order(zones: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(zones, key=lambda zone: (price(zone) is None, price(zone) or 0.0, zone)))
+
+    if headroom is None or not any(row.listed for row in headroom):
+        reason = problem or f"the live quota lists no {accelerator_family(accelerator)} limit"
+        return SearchScope(accelerator, order(catalog), (), "catalog", reason)
+    chips = slice_chips(accelerator)
+    rows: dict[str, list[QuotaHeadroom]] = {}
+    for row in headroom:
+        rows.setdefault(row.zone, []).append(row)
+    fits = [zone for zone in catalog if any(row.fits(chips) for row in rows.get(zone, ()))]
+    excluded = tuple(
+        ScopeExclusion(zone, _shortfall(rows.get(zone, ()), accelerator_family(accelerator)))
+        for zone in catalog
+        if zone not in fits
+    )
+    return SearchScope(accelerator, order(fits), excluded, "live_quota")

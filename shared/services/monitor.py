@@ -6,7 +6,9 @@ One tick:
    its recent samples (the previous counters for rates, the history for "for N seconds" conditions);
 2. probe them all concurrently through the ``ServingProbe`` port, at most ``max_concurrency`` at once, each
    bounded by ``probe_timeout_s``;
-3. derive interval SLIs (``shared.domain.metrics``) and the phase (``shared.domain.health``);
+3. derive interval SLIs (``shared.domain.metrics``); when a deployment answers but has had no traffic for
+   ``canary_interval_s``, send it one canary completion (``shared.domain.canary``: a failed one makes it
+   DEGRADED, its latency is an SLI); derive the phase (``shared.domain.health``);
 4. publish healing commands: STALLED or DOWN past the grace period -> ``serving.restart`` (the deployment
    then counts as BOOTING again); DOWN on a preempted or terminated node -> a ``reconcile.tick`` for the
    provisioner; idle for ``spec.idle_minutes`` -> ``deployment.stop`` or ``deployment.delete``. Command ids are
@@ -15,7 +17,8 @@ One tick:
 6. compare-and-set the deployment records whose phase changed, then publish ``deployment.phase_changed``
    events. A lost race is re-read once and re-applied only if the deployment is still the monitor's. Without
    a change a record is rewritten only to refresh its stored SLIs (every ``record_refresh_s`` to twice that,
-   spread per deployment) or ``last_request_at`` (under traffic, at most every quarter of the idle window):
+   spread per deployment), ``last_request_at`` (under traffic, at most every quarter of the idle window) or
+   the last canary (idle, at most every ``canary_interval_s``, which the record keeps for the rate limit):
    the live SLIs are in the samples, so a steady tick is one batched write.
 
 Boot progress: for a deployment whose node is up but has never served (BOOTING, COMPILING, or DOWN within its
@@ -51,21 +54,23 @@ from shared.domain.boot_progress import (
     boot_failure,
     read_boot,
 )
+from shared.domain.canary import CanaryCheck, canary_slis, carried_canary_slis, judge_canary, plan_canary, with_canary
 from shared.domain.errors import CloudError, ConflictError, ErrorClass
 from shared.domain.health import (
     MONITORED_PHASES,
     Assessment,
     EndpointCheck,
     HealingAction,
-    HistoryPoint,
     PriorState,
     ProbeOutcome,
     ProbeResult,
     assess,
     healing_action,
+    history_point,
     idle_for,
+    interval_since,
 )
-from shared.domain.metrics import IntervalStats, MetricsSnapshot, derive_interval
+from shared.domain.metrics import IntervalStats
 from shared.domain.models import (
     BootProgress,
     DeploymentRecord,
@@ -117,6 +122,9 @@ class MonitorSettings:
     """Samples read per deployment: the previous counters and the evidence for sustained conditions."""
     sample_ttl_days: int = 14
     """Samples carry ``expire_at`` = taken_at + this (Firestore TTL; the SQLite store purges)."""
+    canary_interval_s: float = 0.0
+    """Idle this long (no traffic, no canary): one canary completion, at most this often. 0: none (the deployed
+    monitor takes ``Settings.monitor_canary_interval_s``, 300 s by default)."""
     topic_commands: str = "tpuctl-commands"
     topic_events: str = "tpuctl-events"
     topic_ticks: str = "tpuctl-ticks"
@@ -128,8 +136,8 @@ class MonitorSettings:
             raise ValueError(f"probe_timeout_s: {self.probe_timeout_s} must be > 0")
         if self.history_limit < 1:
             raise ValueError(f"history_limit: {self.history_limit} must be >= 1")
-        if self.min_sample_interval_s < 0 or self.record_refresh_s < 0:
-            raise ValueError("min_sample_interval_s, record_refresh_s: must be >= 0 seconds")
+        if self.min_sample_interval_s < 0 or self.record_refresh_s < 0 or self.canary_interval_s < 0:
+            raise ValueError("min_sample_interval_s, record_refresh_s, canary_interval_s: must be >= 0 seconds")
 
     def topic(self, logical: str) -> str:
         return {"commands": self.topic_commands, "events": self.topic_events, "ticks": self.topic_ticks}[logical]
@@ -190,6 +198,10 @@ class _Work:
     record: DeploymentRecord
     history: list[MonitorSample]
     result: ProbeResult | None = None
+    interval: IntervalStats | None = None
+    assessed: IntervalStats | None = None  # the interval without the canaries' own requests
+    traffic: bool = False  # requests in the interval besides the monitor's own canaries
+    canary: CanaryCheck | None = None  # the canary sent this tick, if one was due
     node: ResourceRef | None = None  # the booting node whose guest attributes are read this tick
     boot: BootReading | None = None
 
@@ -246,9 +258,9 @@ class Monitor:
         report = TickReport(taken_at=now)
         work = self._collect(now, only, report)
         if any(item.node is not None for item in work):
-            await asyncio.gather(self._probe_all(work), asyncio.to_thread(self._read_boots, work))
+            await asyncio.gather(self._probe_all(work, now), asyncio.to_thread(self._read_boots, work))
         else:
-            await self._probe_all(work)
+            await self._probe_all(work, now)
         decisions = [self._decide(item, now) for item in work]
         self._publish_healing(decisions, report)
         self._write_samples([d.sample for d in decisions], report)
@@ -281,7 +293,7 @@ class Monitor:
             work.append(_Work(record=record, history=history, node=node))
         return work
 
-    async def _probe_all(self, work: Sequence[_Work]) -> None:
+    async def _probe_all(self, work: Sequence[_Work], now: datetime) -> None:
         gate = asyncio.Semaphore(self.settings.max_concurrency)
 
         async def one(item: _Work) -> None:
@@ -300,8 +312,34 @@ class Monitor:
                     log.exception("probe of %s failed unexpectedly", item.record.deployment_id)
                     check = EndpointCheck(ProbeOutcome.ERROR, None, 0.0, f"probe error: {type(exc).__name__}")
                     item.result = ProbeResult(base_url=endpoint, health=check)
+                await self._canary(item, endpoint, now)
 
         await asyncio.gather(*(one(item) for item in work))
+
+    async def _canary(self, item: _Work, endpoint: str, now: datetime) -> None:
+        """The interval's rates and traffic, then a canary completion if one is due (``shared.domain.canary``),
+        bounded like the probe."""
+        result = item.result
+        assert result is not None
+        item.interval = interval_since(item.history, result, now)
+        plan = plan_canary(
+            result, item.interval, item.history, item.record.status, now, self.settings.canary_interval_s
+        )
+        item.traffic, item.assessed = plan.traffic, plan.assessed
+        if not plan.due:
+            return
+        started = self.clock.monotonic()
+        try:
+            item.canary = await asyncio.wait_for(
+                self.probe.canary(endpoint, result.served_models[0], item.record.deployment_id),
+                self.settings.probe_timeout_s,
+            )
+        except TimeoutError:
+            waited = self.clock.monotonic() - started
+            item.canary = CanaryCheck(ProbeOutcome.TIMEOUT, None, waited, "canary exceeded its overall bound")
+        except Exception as exc:  # the port promises not to raise; a bug there must not stop the tick
+            log.exception("canary of %s failed unexpectedly", item.record.deployment_id)
+            item.canary = CanaryCheck(ProbeOutcome.ERROR, None, 0.0, f"canary error: {type(exc).__name__}")
 
     def _read_boots(self, work: Sequence[_Work]) -> None:
         """Guest attributes of the booting nodes, one after another in one worker thread (the SDK clients are
@@ -328,17 +366,21 @@ class Monitor:
         first that applies acts."""
         record, result = item.record, item.result
         assert result is not None
-        interval = _interval(item.history, result, now)
-        assessment = _assess(item, result, interval, now)
-        slis = _slis(result, interval)
+        interval, status = item.interval, record.status
+        unproven = judge_canary(item.canary) if item.canary is not None else None  # why the canary failed
+        unproven = _clean(unproven, 500) if unproven is not None else None
+        assessment = _assess(item, result, item.assessed, now)
+        assessment = with_canary(assessment, unproven, status.phase, status.phase_since, now)
+        slis = _slis(result, interval) | canary_slis(now, item.canary, unproven)
         decision = _observation(record, result, assessment, slis, now, self.settings.sample_ttl_days)
         boot, failure = _boot_update(item, now)
         if failure is not None:
             return _fail_boot(decision, boot, failure, now)
 
         activity_write_s = _activity_write_s(record, self.settings)
-        active = interval is not None and interval.active
+        active = item.traffic
         new_status = _next_status(record, assessment, active, slis, now, activity_write_s)
+        new_status["slis"] = {**carried_canary_slis(status.slis), **new_status["slis"]}
         serving_since, last_request_at = new_status["serving_since"], new_status["last_request_at"]
         node_states = [ref.node_state for ref in record.status.resources]
         verdict = _Verdict(
@@ -354,8 +396,7 @@ class Monitor:
             if rule(verdict):  # first match wins
                 break
 
-        status = record.status
-        wanted = decision.report.phase is not status.phase or bool(decision.events)
+        wanted = decision.report.phase is not status.phase or bool(decision.events) or item.canary is not None
         wanted = wanted or serving_since != status.serving_since or last_request_at != status.last_request_at
         as_of = status.slis.get("as_of_epoch_s")
         if as_of is None or now.timestamp() - as_of >= _refresh_after_s(record.deployment_id, self.settings):
@@ -512,20 +553,11 @@ def _fail_boot(decision: _Decision, boot: BootProgress | None, failure: str, now
 # The decision on one probe, in pieces: what was seen, the status it implies, then the healing rules.
 
 
-def _interval(history: Sequence[MonitorSample], result: ProbeResult, now: datetime) -> IntervalStats | None:
-    """Rates over the interval since the last sample that carried counters (None when vLLM gave no metrics)."""
-    if result.metrics is None:
-        return None
-    previous_snapshot, previous_at = _previous_snapshot(history)
-    elapsed = (now - previous_at).total_seconds() if previous_at else 0.0
-    return derive_interval(previous_snapshot, result.metrics, elapsed)
-
-
 def _assess(item: _Work, result: ProbeResult, interval: IntervalStats | None, now: datetime) -> Assessment:
     """The phase this probe implies, given the stored phase and the recent samples."""
     status = item.record.status
     prior = PriorState(phase=status.phase, phase_since=status.phase_since, serving_since=status.serving_since)
-    history = [_point(s) for s in item.history]
+    history = [history_point(s) for s in item.history]
     return assess(result, interval, history, prior, now, item.record.spec.health)
 
 
@@ -702,28 +734,6 @@ def _refresh_after_s(deployment_id: str, settings: MonitorSettings) -> float:
     together does not rewrite every record in the same later tick."""
     share = int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16) / 2**32
     return settings.record_refresh_s * (1.0 + share)
-
-
-def _previous_snapshot(history: Sequence[MonitorSample]) -> tuple[MetricsSnapshot | None, datetime | None]:
-    for sample in history:
-        if sample.counters:
-            snapshot = MetricsSnapshot.from_record(sample.counters)
-            if snapshot is not None:
-                return snapshot, sample.taken_at
-    return None, None
-
-
-def _point(sample: MonitorSample) -> HistoryPoint:
-    counters = sample.counters.get("counters", {}) if sample.counters else {}
-    return HistoryPoint(
-        taken_at=sample.taken_at,
-        answered=bool(sample.counters),
-        running=sample.slis.get("running"),
-        waiting=sample.slis.get("waiting"),
-        kv_cache_usage=sample.slis.get("kv_cache_usage"),
-        generation_tokens=counters.get("generation_tokens"),
-        iterations=counters.get("iterations"),
-    )
 
 
 def _slis(result: ProbeResult, interval: IntervalStats | None) -> dict[str, float]:

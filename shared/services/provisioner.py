@@ -69,6 +69,7 @@ from shared.domain.planner import (
 )
 from shared.domain.prices import price_per_chip_hour
 from shared.domain.ratelimit import BucketState, TokenBucket
+from shared.domain.spec_change import needs_new_generation
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
 from shared.messages import (
     Command,
@@ -257,22 +258,32 @@ class Provisioner:
         return self._after_command(deployment_id, head)
 
     def update(self, message: UpdateDeployment) -> str:
-        """A new spec is a new generation: the old slice keeps serving until the new one does."""
+        """A new spec is a new generation: the old slice keeps serving until the new one does. A change of when it
+        ends or how it is judged alone (``shared.domain.spec_change``) applies to the running generation."""
         spec: DeploymentSpec = message.spec
         deployment_id = message.deployment_id
         expected = message.expected_generation
+        in_place = False
 
         def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
+            nonlocal in_place
             current = self._require(existing, deployment_id)
             _check_generation(current, expected)
             if current.desired is Desired.ABSENT:
                 raise PermanentError(f"deployment {deployment_id!r} is being deleted; it cannot be updated")
             if current.spec == spec:
                 return None
-            return current.model_copy(update={"spec": spec, "generation": current.generation + 1, "updated_at": now})
+            in_place = not needs_new_generation(current.spec, spec)
+            generation = current.generation if in_place else current.generation + 1
+            return current.model_copy(update={"spec": spec, "generation": generation, "updated_at": now})
 
         record, changed = self._change_record(deployment_id, change)
-        head = f"updated {deployment_id} to generation {record.generation}" if changed else f"{deployment_id} unchanged"
+        if not changed:
+            head = f"{deployment_id} unchanged"
+        elif in_place:
+            head = f"updated {deployment_id} in place (generation {record.generation}: the slice is kept)"
+        else:
+            head = f"updated {deployment_id} to generation {record.generation}"
         return self._after_command(deployment_id, head)
 
     def delete(self, message: DeleteDeployment) -> str:

@@ -51,6 +51,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.message import SessionMessage
 
 from shared.domain.models import Phase
+from shared.domain.spec_change import IN_PLACE_FIELDS
 from tests.mcp.conftest import HF_TOKEN, GatewayWorld
 from tests.mcp.test_tool_contract import EXPECTED
 
@@ -430,6 +431,8 @@ class FuzzRun:
             self.tally.problem(f"{probe.where} refusal not in '[code] field: ...' form", texts(result)[0])
         elif names_parameter(refusal[1], probe.parameter):
             self.tally.named.add((probe.tool.name, probe.parameter))
+        elif probe.allowed and probe.tool.name in CONFIRMED_CHANGES and refusal == ("confirmation_required", "confirm"):
+            pass  # a change the schema allows, refused until confirmed: fuzz-target's slice is up (COMPILING)
         elif not probe.allowed or refusal != await self.baseline(probe):
             # A value the schema allows may be refused for the reason the plain call is (the target is not serving).
             self.tally.problem(f"{probe.where} refusal does not name {probe.parameter}", texts(result)[0])
@@ -474,10 +477,30 @@ def asking_the_node_for_its_log(run: FuzzRun, result: Any, differences: set[str]
     return ""
 
 
+def updating_in_place(run: FuzzRun, result: Any, differences: set[str]) -> str:
+    """A change of when fuzz-target ends (TTL, budget, idle) applies to its running slice without a confirmation:
+    one deployment.update for it on the bus, no slice replaced."""
+    view = result.structured_content
+    fields = {change.get("field") for change in view.get("changes", [])}
+    if view.get("replaces_slice") is not False or not fields or not fields <= IN_PLACE_FIELDS:
+        return f"accepted without confirmation a change that is not in place: {sorted(map(str, fields))}"
+    published = run.world.published()
+    if [(message.kind, message.deployment_id) for message in published] != [("deployment.update", TARGET)]:
+        return f"expected one deployment.update for {TARGET}, got {published}"
+    if not differences or any(not key.startswith("bus.sqlite:") for key in differences):
+        return f"expected a change to the bus only, got {sorted(differences)}"
+    return ""
+
+
+# Tools whose changes to fuzz-target (its slice is up) that replace the slice are refused until confirmed: a value
+# the schema allows may meet that refusal rather than the plain call's (which, giving no change, is refused for that).
+CONFIRMED_CHANGES = frozenset({"tpu_update_deployment"})
+
 # Tools that write and may legitimately accept a value their schema allows: the effect each promises.
 ACCEPTED_WRITES: dict[str, Callable[[FuzzRun, Any, set[str]], str]] = {
     "tpu_save_hf_token": saving_the_same_token,  # confirm is not needed to save the token already stored
     "tpu_tail_serving_logs": asking_the_node_for_its_log,  # task_id null is its default: ask the node again
+    "tpu_update_deployment": updating_in_place,  # a TTL, budget or idle change keeps the slice: no confirm needed
 }
 
 

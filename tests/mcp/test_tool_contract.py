@@ -8,6 +8,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Phase, Tier
 from tests.mcp.conftest import GatewayWorld
 
@@ -23,6 +24,7 @@ EXPECTED: dict[str, tuple[bool, bool, bool, bool]] = {
     "tpu_stop_deployment": (False, True, True, True),
     "tpu_start_deployment": (False, False, True, True),
     "tpu_restart_serving": (False, True, True, True),
+    "tpu_update_deployment": (False, True, True, True),
     "tpu_plan_deployment": (True, False, True, False),
     "tpu_render_artifacts": (True, False, True, False),
     "tpu_list_zones": (True, False, True, False),
@@ -58,7 +60,7 @@ def _listed(world: GatewayWorld) -> dict[str, Any]:
 async def test_the_server_lists_exactly_the_documented_tools(world: GatewayWorld) -> None:
     tools = await _tools(world)
     assert sorted(tools) == sorted(EXPECTED)
-    assert 15 <= len(tools) <= 21
+    assert 15 <= len(tools) <= 22
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -95,6 +97,14 @@ async def test_closed_choices_are_enums_in_the_schema(world: GatewayWorld) -> No
         assert dtype["anyOf"][0]["enum"] == ["bfloat16", "fp8"] and dtype["description"]
     phases = (await _tools(world))["tpu_list_deployments"].input_schema["properties"]["phase"]["anyOf"][0]["enum"]
     assert set(phases) == {phase.value for phase in Phase}
+
+
+async def test_the_update_tool_takes_exactly_the_fields_the_core_updates(world: GatewayWorld) -> None:
+    schema = (await _tools(world))["tpu_update_deployment"].input_schema
+    properties = schema["properties"]
+    assert schema["required"] == ["deployment_id"]
+    assert set(properties) - {"deployment_id", "clear", "confirm", "command_id"} == set(UPDATABLE)
+    assert properties["clear"]["anyOf"][0]["items"]["enum"] == list(CLEARABLE)
 
 
 async def test_read_only_mode_serves_only_tools_that_change_nothing(world: GatewayWorld) -> None:

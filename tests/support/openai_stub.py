@@ -62,24 +62,28 @@ class StubServer:
     headers: list[dict[str, str]] = field(default_factory=list)
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, no access log on the test's output, and one way to answer."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        return
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def _handler(state: StubServer) -> type[BaseHTTPRequestHandler]:
     models = (FIXTURES / "real_vllm_models.json").read_bytes()
     version = (FIXTURES / "real_vllm_version.json").read_bytes()
     recorded = recorded_chat_chunks()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-            return
-
-        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(QuietHandler):
         def _authorised(self) -> bool:
             key = state.config.api_key
             if key is None or self.headers.get("Authorization") == f"Bearer {key}":
