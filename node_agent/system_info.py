@@ -52,14 +52,23 @@ def _cpu_model(root: Path) -> str | None:
     return None
 
 
-def _memory_gib(root: Path) -> float | None:
+def _meminfo_gib(root: Path, field: str) -> float | None:
+    """One ``/proc/meminfo`` figure (kB there) in GiB."""
     text = _read(root / "proc/meminfo") or ""
     for line in text.splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(f"{field}:"):
             parts = line.split()
             if len(parts) >= 2 and parts[1].isdigit():
                 return round(int(parts[1]) * 1024 / _GIB, 2)
     return None
+
+
+def _memory(root: Path) -> dict[str, float | None]:
+    """Total RAM, and what is in use and available now (``MemAvailable``: what new work can have without swapping)."""
+    total = _meminfo_gib(root, "MemTotal")
+    free = _meminfo_gib(root, "MemAvailable")
+    used = round(total - free, 2) if total is not None and free is not None else None
+    return {"memory_gib": total, "memory_used_gib": used, "memory_free_gib": free}
 
 
 def boot_id(root: Path = Path("/")) -> str | None:
@@ -129,7 +138,7 @@ def system_info(
         "arch": platform.machine(),
         "cpu_model": _cpu_model(root),
         "cpus": os.cpu_count(),
-        "memory_gib": _memory_gib(root),
+        **_memory(root),
         "disks": _disks(disk_paths),
         "python": platform.python_version(),
         "boot_id": boot_id(root),

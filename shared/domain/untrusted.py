@@ -304,6 +304,8 @@ NODE_SYSTEM = Record(
         "cpu_model": _SYSTEM_TEXT,
         "cpus": _COUNT,
         "memory_gib": _GIB,
+        "memory_used_gib": _GIB,
+        "memory_free_gib": _GIB,
         "disks": Items(_DISK, 16),
         "python": _SYSTEM_TEXT,
         "boot_id": _SYSTEM_TEXT,

@@ -405,7 +405,15 @@ class TestNodeDetails:
         empty = await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})
         assert empty.structured_content["node"]["system"] is None
         now = world.core.ports.clock.now()
-        node = {"name": "gemma-a-g1-a1", "cpu_model": "AMD EPYC 9B14", "cpus": 180, "accelerator": "v6e-4"}
+        node = {
+            "name": "gemma-a-g1-a1",
+            "cpu_model": "AMD EPYC 9B14",
+            "cpus": 180,
+            "memory_gib": 708.4,
+            "memory_used_gib": 301.5,
+            "memory_free_gib": 406.9,
+            "accelerator": "v6e-4",
+        }
         world.store.create_benchmark_run(
             BenchmarkRun(
                 run_id=new_command_id(),

@@ -409,7 +409,7 @@ class TestNodeSide:
         (tmp_path / "etc/os-release").write_text('NAME="Ubuntu"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n')
         (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
         (tmp_path / "proc/cpuinfo").write_text("processor : 0\nmodel name : AMD EPYC 9B14\n")
-        (tmp_path / "proc/meminfo").write_text("MemTotal:       185000000 kB\n")
+        (tmp_path / "proc/meminfo").write_text("MemTotal:       185000000 kB\nMemAvailable:   120000000 kB\n")
         (tmp_path / "proc/sys/kernel/osrelease").write_text("6.5.0-1013-gcp\n")
         (tmp_path / "proc/sys/kernel/random/boot_id").write_text("0b5d1c3e-8a49-4c57-9a8e-3f8c1b2a9d10\n")
         (tmp_path / "dev/vfio").mkdir(parents=True)
@@ -420,11 +420,20 @@ class TestNodeSide:
         assert info["kernel"] == "6.5.0-1013-gcp"
         assert info["cpu_model"] == "AMD EPYC 9B14"
         assert info["memory_gib"] == pytest.approx(176.43, abs=0.01)
+        assert info["memory_free_gib"] == pytest.approx(114.44, abs=0.01)
+        assert info["memory_used_gib"] == pytest.approx(176.43 - 114.44, abs=0.02)
         assert info["boot_id"] == "0b5d1c3e-8a49-4c57-9a8e-3f8c1b2a9d10"
         assert info["accelerator"]["chips_visible"] == 4
         assert info["accelerator"]["hbm_gib_per_chip"] == 32
         assert info["accelerator"]["topology"] == "2x2"
         assert info["disks"][0]["total_gib"] > 0
+
+    def test_a_kernel_without_memavailable_reports_total_memory_only(self, tmp_path: Path) -> None:
+        (tmp_path / "proc").mkdir()
+        (tmp_path / "proc/meminfo").write_text("MemTotal:       185000000 kB\nMemFree:   1000 kB\n")
+        info = system_info(root=tmp_path, environ={}, disk_paths=())
+        assert info["memory_gib"] == pytest.approx(176.43, abs=0.01)
+        assert info["memory_used_gib"] is None and info["memory_free_gib"] is None
 
     def test_a_machine_without_a_tpu_reports_no_accelerator(self, tmp_path: Path) -> None:
         assert system_info(root=tmp_path, environ={}, disk_paths=())["accelerator"] is None
