@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=("direct", "iap"),
         help="how live calls reach vLLM: direct or an IAP tunnel (overrides TPUCTL_ENDPOINT_ACCESS)",
     )
+    parser.add_argument(
+        "--toolset",
+        choices=("read-only", "operate", "all"),
+        help="the tools to serve: read-only (change nothing), operate (all but delete) or all "
+        "(overrides TPUCTL_TOOLSET; default all)",
+    )
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
     return parser
 
@@ -36,6 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.logging import configure_logging
 
     overrides: dict[str, Any] = {}
+    if args.read_only or args.toolset:  # the flags override TPUCTL_TOOLSET
+        from mcp_client_gateway.tools.common import resolve_toolset
+
+        try:
+            overrides["toolset"] = resolve_toolset(args.toolset, read_only=args.read_only)
+        except ValueError as exc:
+            print(f"tpuctl gateway: {exc}", file=sys.stderr)
+            return 2
     if args.backend:
         overrides["backend"] = args.backend
     if args.project:
@@ -57,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ports = build_ports(settings)
     try:
-        build_server(ports, read_only=args.read_only, warm_up=lambda: warm_up(ports)).run("stdio")
+        build_server(ports, toolset=settings.toolset, warm_up=lambda: warm_up(ports)).run("stdio")
     finally:
         ports.close()
     return 0

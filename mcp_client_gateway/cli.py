@@ -640,6 +640,7 @@ def _add_gateway_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """mcp (serve the gateway on stdio), token set."""
     serve = sub.add_parser("mcp", parents=[common], help="serve the MCP gateway on stdio (for agent CLIs)")
     serve.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
+    serve.add_argument("--toolset", choices=("read-only", "operate", "all"), help="read-only, operate (no delete), all")
     serve.set_defaults(handler=None)
 
     token = sub.add_parser("token", parents=[common], help="store the Hugging Face token")
@@ -737,6 +738,7 @@ def _serve_mcp(args: argparse.Namespace) -> int:
         ("--project", args.project),
         ("--data-dir", args.data_dir),
         ("--endpoint-access", args.endpoint_access),
+        ("--toolset", args.toolset),
     ):
         if value:
             forwarded += [flag, str(value)]

@@ -143,6 +143,7 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
     ]
     if detail.boot is not None:
         facts.append(("boot", f"{detail.boot.text} since {detail.boot.stage_since:%H:%M:%S} on {detail.boot.node}"))
+    facts += [("finding", finding) for finding in detail.findings]
     out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))
     if detail.resources:
         resource_rows = [(r.name, r.zone, r.tier, r.state, r.node_state, _terms(r)) for r in detail.resources]

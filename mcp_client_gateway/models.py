@@ -279,7 +279,14 @@ class DeploymentDetail(_View):
     resources: list[ResourceView]
     attempts: list[AttemptView] = Field(description="The latest capacity-search steps, newest last (at most 20).")
     attempts_total: int
-    slis: dict[str, float]
+    slis: dict[str, float] = Field(
+        description="The stored SLIs; `headroom` is 1 - max(KV-cache use, running / max_num_seqs), 0 to 1."
+    )
+    findings: list[str] = Field(
+        default_factory=list,
+        description="The monitor's warnings while they hold, e.g. 'saturation: headroom 8% (under 15%) for 3 "
+        "sample(s); KV cache 92% full, 3 request(s) waiting'. VM-derived figures, cleaned and bounded.",
+    )
     latest_sample: SampleView | None = None
     spend_usd: float
     hourly_usd: float | None = Field(default=None, description="Price per hour of the slice in its zone and tier.")

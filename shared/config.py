@@ -122,6 +122,22 @@ class Settings(BaseSettings):
         "iap: through an IAP TCP forwarding tunnel the gateway opens with gcloud (from a workstation).",
     )
 
+    # Which tools the MCP gateway serves (docs/gateway.md, "Toolsets"); --toolset and --read-only override it.
+    toolset: Literal["read-only", "operate", "all"] = Field(
+        default="all",
+        description="read-only: only the tools that change nothing; operate: all but the irrecoverable "
+        "(tpu_delete_deployment); all: every tool.",
+    )
+
+    @field_validator("toolset", mode="before")
+    @classmethod
+    def _known_toolset(cls, value: object) -> object:
+        if value not in ("read-only", "operate", "all"):
+            raise ValueError(
+                f"TPUCTL_TOOLSET: {str(value)[:40]!r} is not a toolset; use read-only, operate (all but delete) or all"
+            )
+        return value
+
     @field_validator("endpoint_access", mode="before")
     @classmethod
     def _known_endpoint_access(cls, value: object) -> object:

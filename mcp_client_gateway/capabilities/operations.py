@@ -36,6 +36,7 @@ from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec,
 __all__ = ["Operations", "deployment_stage"]
 
 _MAX_ATTEMPTS_SHOWN = 20
+_MAX_FINDINGS_SHOWN = 10
 _NODE_TASK_KINDS = {"restart": "serving.restart", "logs": "serving.logs"}
 _TARGET_PHASES: dict[str, frozenset[Phase]] = {
     "deployment.create": frozenset({Phase.SERVING}),
@@ -116,6 +117,7 @@ class Operations:
             ],
             attempts_total=len(status.attempts),
             slis=dict(status.slis),
+            findings=[clean_text(finding, limit=500)[0] for finding in status.findings[:_MAX_FINDINGS_SHOWN]],
             latest_sample=sample_view(samples[0]) if samples else None,
             spend_usd=round(status.spend_usd, 4),
             hourly_usd=hourly_usd(record, prices) if prices else None,

@@ -11,7 +11,7 @@ No ``from __future__ import annotations`` here: the SDK reads these signatures a
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args
 
 import anyio
 import anyio.to_thread
@@ -30,6 +30,8 @@ from shared.domain.models import AcceleratorType, ModelPreset
 
 __all__ = [
     "ID_PATTERN",
+    "IRRECOVERABLE_TOOLS",
+    "TOOLSETS",
     "UUID_PATTERN",
     "AcceleratorChoice",
     "CommandIdArg",
@@ -41,12 +43,15 @@ __all__ = [
     "SeverityChoice",
     "TierChoice",
     "ToolSet",
+    "Toolset",
     "WeightDtypeArg",
     "ZonesArg",
     "accepted_summary",
     "annotations",
     "confirmed_command",
+    "resolve_toolset",
     "run",
+    "serves",
     "token_to_use",
     "tool_result",
 ]
@@ -247,13 +252,57 @@ def _asking(confirmation: Callable[..., Any], name: str) -> Callable[..., Any]:
     return resolve
 
 
-class ToolSet:
-    """The tools of one server being registered: the core they call, whether only read-only tools are served,
-    strict registration (``StrictTool``), and the resolvers that confirm the destructive deployment tools."""
+Toolset = Literal["read-only", "operate", "all"]  # Settings.toolset, --toolset (a test keeps them equal)
+TOOLSETS: tuple[str, ...] = get_args(Toolset)
+# Tools that destroy state nothing can bring back: left out of the operate toolset. Stop, restart, update and a
+# token replacement are destructive too (confirmed), but reversible: start, another restart or update, the
+# secret's earlier versions.
+IRRECOVERABLE_TOOLS = frozenset({"tpu_delete_deployment"})
 
-    def __init__(self, core: GatewayCore, *, read_only: bool) -> None:
+
+def resolve_toolset(toolset: str | None, *, read_only: bool) -> Toolset:
+    """The toolset to serve: ``read_only`` (``--read-only``) is ``toolset='read-only'``; the two disagreeing is
+    an error naming both flags. Neither given: ``all``."""
+    if toolset is not None and toolset not in TOOLSETS:
+        raise ValueError(f"--toolset: {toolset[:40]!r} is not a toolset; choose one of {', '.join(TOOLSETS)}")
+    if read_only and toolset not in (None, "read-only"):
+        raise ValueError(
+            f"--read-only and --toolset {toolset} disagree: --read-only means --toolset read-only; give only one"
+        )
+    return cast(Toolset, "read-only" if read_only else toolset or "all")  # checked against TOOLSETS above
+
+
+def serves(toolset: Toolset, name: str, hints: ToolAnnotations) -> bool:
+    """Whether a server of ``toolset`` lists the tool: read-only: readOnlyHint true; operate: all but the
+    irrecoverable ones; all: every tool."""
+    if toolset == "read-only":
+        return hints.read_only_hint is True
+    if toolset == "operate":
+        return name not in IRRECOVERABLE_TOOLS
+    return True
+
+
+def _explicit_hints(name: str, hints: ToolAnnotations) -> None:
+    """Policy engines act on the hints, so every tool says whether it only reads, and a writing tool whether it
+    destroys."""
+    if hints.read_only_hint is None:
+        raise ValueError(f"tool {name}: readOnlyHint is not set; build its annotations with annotations(...)")
+    if not hints.read_only_hint and hints.destructive_hint is None:
+        raise ValueError(f"tool {name}: a writing tool needs an explicit destructiveHint; pass destructive=")
+    if name in IRRECOVERABLE_TOOLS and not hints.destructive_hint:
+        raise ValueError(f"tool {name}: an irrecoverable tool must be annotated destructive=True")
+
+
+class ToolSet:
+    """The tools of one server being registered: the core they call, the toolset served (``read-only``,
+    ``operate`` or ``all``), strict registration (``StrictTool``), and the resolvers that confirm the destructive
+    deployment tools. A tool outside the toolset is not listed."""
+
+    def __init__(self, core: GatewayCore, *, toolset: Toolset = "all") -> None:
+        if toolset not in TOOLSETS:
+            raise ValueError(f"toolset: {toolset!r} is not a toolset; choose one of {', '.join(TOOLSETS)}")
         self.core = core
-        self.read_only = read_only
+        self.toolset: Toolset = toolset
         self.tools: list[Tool] = []
         self.confirmation = {action: _confirmation_of(core, action) for action in ("delete", "stop", "restart")}
         self.ask = {action: _asking(self.confirmation[action], action) for action in ("delete", "stop", "restart")}
@@ -262,10 +311,18 @@ class ToolSet:
         """Register a tool with a closed, strict input schema (``StrictTool``)."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.tools.append(StrictTool.strict(fn, annotations=annotations))
+            tool = StrictTool.strict(fn, annotations=annotations)
+            _explicit_hints(tool.name, annotations)
+            if serves(self.toolset, tool.name, annotations):
+                self.tools.append(tool)
             return fn
 
         return register
+
+    @property
+    def read_only(self) -> bool:
+        """The tool modules skip registering writing tools under ``read-only`` (``tool`` leaves them out too)."""
+        return self.toolset == "read-only"
 
 
 WeightDtypeArg = Annotated[

@@ -212,6 +212,12 @@ class HealthThresholds(BaseModel):
     kv_saturated_after_s: float = Field(default=300.0, ge=0, le=86400, description="Saturated this long: DEGRADED.")
     queued_after_s: float = Field(default=120.0, ge=0, le=86400, description="Requests waiting this long: DEGRADED.")
     error_share_max: float = Field(default=0.05, ge=0, le=1, description="Share of error/abort finishes allowed.")
+    headroom_min: float = Field(
+        default=0.15, ge=0, le=1, description="Headroom (1 - max(KV use, running share)) under this: short of room."
+    )
+    headroom_ticks: int = Field(
+        default=3, ge=1, le=60, description="Short of room or queueing this many samples in a row: a finding."
+    )
 
 
 class DeploymentSpec(BaseModel):
@@ -332,6 +338,7 @@ class DeploymentStatus(BaseModel):
     last_request_at: UtcDateTime | None = None
     node_system: dict[str, Any] | None = None  # what the node agent reported at boot (OS, CPU, RAM, accelerator)
     boot: BootProgress | None = None  # the startup script's progress on the booting node (monitor-owned)
+    findings: list[str] = Field(default_factory=list)  # monitor-owned warnings, e.g. short of headroom
 
 
 class DeploymentRecord(BaseModel):

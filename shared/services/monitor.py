@@ -8,7 +8,8 @@ One tick:
    bounded by ``probe_timeout_s``;
 3. derive interval SLIs (``shared.domain.metrics``); when a deployment answers but has had no traffic for
    ``canary_interval_s``, send it one canary completion (``shared.domain.canary``: a failed one makes it
-   DEGRADED, its latency is an SLI); derive the phase (``shared.domain.health``);
+   DEGRADED, its latency is an SLI); derive the phase (``shared.domain.health``) and the headroom SLI, with its
+   warning finding on the status while short of room (``shared.domain.saturation``);
 4. publish healing commands: STALLED or DOWN past the grace period -> ``serving.restart`` (the deployment
    then counts as BOOTING again); DOWN on a preempted or terminated node -> a ``reconcile.tick`` for the
    provisioner; idle for ``spec.idle_minutes`` -> ``deployment.stop`` or ``deployment.delete``. Command ids are
@@ -80,6 +81,7 @@ from shared.domain.models import (
     QueuedResourceState,
     ResourceRef,
 )
+from shared.domain.saturation import HEADROOM_SLI, max_running, measure, saturation_finding
 from shared.logging import scrub_untrusted
 from shared.messages import (
     Command,
@@ -372,6 +374,8 @@ class Monitor:
         assessment = _assess(item, result, item.assessed, now)
         assessment = with_canary(assessment, unproven, status.phase, status.phase_since, now)
         slis = _slis(result, interval) | canary_slis(now, item.canary, unproven)
+        room = measure(result.metrics.gauges, max_running(record.spec)) if result.metrics is not None else None
+        slis |= {HEADROOM_SLI: room.headroom} if room is not None else {}
         decision = _observation(record, result, assessment, slis, now, self.settings.sample_ttl_days)
         boot, failure = _boot_update(item, now)
         if failure is not None:
@@ -404,6 +408,8 @@ class Monitor:
         if boot is not None:
             new_status["boot"] = boot
             wanted = True
+        found = saturation_finding(room, [sample.slis for sample in item.history], record.spec.health)
+        wanted = _with_findings(record, [found] if found else [], new_status, wanted) or wanted
         if wanted:
             decision.new_status = new_status
         return decision
@@ -502,6 +508,27 @@ class Monitor:
 def _clean(text: str, limit: int) -> str:
     """VM text made safe to store and show: no escapes or control characters, secrets redacted, bounded."""
     return scrub_untrusted(text, limit)[0]
+
+
+def _with_findings(record: DeploymentRecord, findings: list[str], new_status: dict[str, Any], wanted: bool) -> bool:
+    """Store the findings when one appears or clears (True), and refresh their figures when the record is written
+    anyway; a finding is the same one while its tag (the text before ":") is. A new one is logged once at WARNING,
+    structured like a phase change so an alert policy can match it; a cleared one at INFO."""
+    before = {text.partition(":")[0]: text for text in record.status.findings}
+    after = {text.partition(":")[0]: text for text in findings}
+    for tag in after.keys() - before.keys():
+        log.warning(
+            "%s: %s",
+            record.deployment_id,
+            after[tag],
+            extra={"kind": "deployment.finding", "deployment_id": record.deployment_id, "finding": tag},
+        )
+    for tag in before.keys() - after.keys():
+        log.info("%s: cleared: %s", record.deployment_id, tag, extra={"deployment_id": record.deployment_id})
+    changed = before.keys() != after.keys()
+    if changed or wanted:
+        new_status["findings"] = findings
+    return changed
 
 
 def _booting_node(record: DeploymentRecord) -> ResourceRef | None:
