@@ -12,6 +12,8 @@ the same JSON either way. Paths (docs/reference/gcp-local.md §5.x)::
     GET       /compute/v1/projects/P/zones/Z/operations[/OP]      zonal operations
     GET       /compute/v1/projects/P/zones/Z/machineTypes[/M]     ct6e-standard-1t/4t/8t …
     GET       /v1/services, /v1/services/6F81-5844-456A/skus      the billing catalog (pageSize, pageToken)
+    POST      /compute/v1/projects/P/regions/R/advice/capacity|capacityHistory|calendarMode   (advice_wire.py)
+    POST|GET|DELETE /compute/v1/projects/P/zones/Z/futureReservations[/N]                    (advice_wire.py)
 
 Injected faults (``world.inject_fault({"endpoint": "compute.instances.insert", ...})``) use the endpoint
 names in :data:`COMPUTE_ENDPOINTS` and answer in Compute Engine's error envelope.
@@ -24,6 +26,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from localcloud.tpu_sim.advice_wire import ADVICE_TABLE
 from localcloud.tpu_sim.compute import ComputeApiError
 from localcloud.tpu_sim.routing import compile_routes, find_route
 from localcloud.tpu_sim.world import World
@@ -244,6 +247,7 @@ _TABLE: list[tuple[str, str, str, Handler]] = [
     ("GET", _ZONE + r"/machineTypes/(?P<name>[^/]+)$", "compute.machineTypes.get", _machine_type),
     ("GET", r"^/v1/services$", "cloudbilling.services.list", _services),
     ("GET", r"^/v1/services/(?P<service>[^/]+)/skus$", "cloudbilling.skus.list", _skus),
+    *ADVICE_TABLE,  # advice.capacity, capacityHistory, calendarMode and futureReservations (advice_wire.py)
 ]
 
 ROUTES = compile_routes(_TABLE)

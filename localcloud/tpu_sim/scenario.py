@@ -19,6 +19,7 @@ from shared.domain.prices import price_per_chip_hour
 
 __all__ = [
     "SCENARIO_DIR",
+    "AdviceSpec",
     "BillingCatalogSpec",
     "CapacityStep",
     "ComputeQuotaSpec",
@@ -292,6 +293,17 @@ class FaultSpec(BaseModel):
     latency_ms: float = Field(default=0.0, ge=0, le=120_000)
 
 
+class AdviceSpec(BaseModel):
+    """How right the simulated capacity advice is: the default is exact and current."""
+
+    model_config = _STRICT
+
+    accuracy: float = Field(
+        default=1.0, ge=0, le=1, description="Probability that a zone's advice reflects the true timeline."
+    )
+    staleness_minutes: float = Field(default=0.0, ge=0, description="Advice shows capacity as of N minutes ago.")
+
+
 class Scenario(BaseModel):
     """A whole simulated world: zones, capacity, quotas, limits, timings, prices and faults."""
 
@@ -316,6 +328,7 @@ class Scenario(BaseModel):
         default=(), description="Compute Engine regional TPU quotas (the TPU API's quotas do not apply there)."
     )
     billing_catalog: BillingCatalogSpec = Field(default_factory=BillingCatalogSpec)
+    advice: AdviceSpec = Field(default_factory=AdviceSpec, description="Noise of the capacity advice (advice.py).")
     valid_until_error: ErrorSpec = ErrorSpec(
         code=8,
         message="The queued resource was not provisioned before its valid-until time: there is no more capacity in "

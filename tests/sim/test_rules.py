@@ -291,8 +291,9 @@ class TestInvariants:
 
 
 class TestScenarios:
-    def test_the_five_shipped_scenarios_load(self) -> None:
+    def test_the_shipped_scenarios_load(self) -> None:
         assert available_scenarios() == [
+            "advice-noisy",
             "flex-start-expiry",
             "quota-bound",
             "reference-agent-zones",
@@ -308,7 +309,7 @@ class TestScenarios:
         assert load_scenario(path).name == "mine"
 
     def test_an_unknown_scenario_name_lists_the_shipped_ones(self) -> None:
-        with pytest.raises(ScenarioError, match="choose one of flex-start-expiry"):
+        with pytest.raises(ScenarioError, match="choose one of advice-noisy, flex-start-expiry"):
             load_scenario("nope")
 
     def test_a_bad_field_is_named_with_the_fix(self) -> None:
