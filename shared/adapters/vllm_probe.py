@@ -11,7 +11,8 @@ speaks HTTP to vLLM for the monitor; everything it returns is a domain value (:c
   its own key (``shared.domain.serving_key``: what that deployment's serving proxy takes); both are registered for
   log redaction and never printed.
 * ``/metrics`` is fetched with a plain ``Accept`` (no OpenMetrics negotiation). Before parsing, lines of families
-  the derivations do not use (``cache_config_info`` with its 37 labels, ``python_*``, ...) are dropped; the
+  the derivations do not use (``python_*``, ...) are dropped (``cache_config_info`` is kept: a few of its labels
+  say what vLLM allocated, ``shared.domain.effective_config``); the
   remaining text goes through ``prometheus_client.parser.text_string_to_metric_families`` unchanged.
 * ``/version`` rarely changes, so it is cached per endpoint for ``version_ttl_s``.
 * The canary's stream is read as it arrives (at most ``_CANARY_MAX_LINES`` lines, the text bounded) and returned

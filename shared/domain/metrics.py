@@ -20,6 +20,7 @@ Rules (docs/reference/vllm.md §4):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,19 @@ _SUCCESS = "vllm:request_success_total"
 _SUCCESS_CREATED = "vllm:request_success_created"
 _PROCESS_START = "process_start_time_seconds"
 _HTTP_REQUESTS = "http_requests_total"
+_CACHE_CONFIG = "vllm:cache_config_info"
+# What vLLM says it allocated and chose (``shared.domain.effective_config`` reads them); each label's value is
+# kept only when it is short and plain (untrusted text from the VM), at most these labels.
+CACHE_CONFIG_LABELS = (
+    "cache_dtype",
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "kv_cache_max_concurrency",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+)
+_PLAIN_LABEL = re.compile(r"[A-Za-z0-9_.+-]{1,32}")
 # Gauges where one saturated engine is the news, so engines combine by max rather than sum.
 _MAX_GAUGES = frozenset({"kv_cache_usage"})
 
@@ -89,7 +103,7 @@ WANTED_FAMILIES: frozenset[str] = frozenset(
     {_family_of(name) for names in COUNTER_SAMPLES.values() for name in names}
     | {name for names in GAUGE_SAMPLES.values() for name in names}
     | {name for names in HISTOGRAM_FAMILIES.values() for name in names}
-    | {_family_of(_SUCCESS), _family_of(_HTTP_REQUESTS), _PROCESS_START}
+    | {_family_of(_SUCCESS), _family_of(_HTTP_REQUESTS), _PROCESS_START, _CACHE_CONFIG}
 )
 """Family names the derivations read; the adapter may drop every other family before parsing (speed)."""
 
@@ -159,6 +173,7 @@ class MetricsSnapshot:
     started_at: float | None = None
     created_at: float | None = None
     legacy_names: tuple[str, ...] = ()
+    cache_config: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def has_vllm_series(self) -> bool:
@@ -181,6 +196,7 @@ class MetricsSnapshot:
             "started_at": self.started_at,
             "created_at": self.created_at,
             "legacy": list(self.legacy_names),
+            "cache_config": dict(self.cache_config),
         }
 
     @classmethod
@@ -199,9 +215,19 @@ class MetricsSnapshot:
                 started_at=_opt_float(data.get("started_at")),
                 created_at=_opt_float(data.get("created_at")),
                 legacy_names=tuple(str(n) for n in data.get("legacy", ())),
+                cache_config=_plain_labels(data.get("cache_config") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+
+
+def _plain_labels(labels: Mapping[str, Any]) -> dict[str, str]:
+    """The wanted cache-config labels whose values are short and plain; the rest (or anything odd) is left out."""
+    return {
+        name: str(labels[name])
+        for name in CACHE_CONFIG_LABELS
+        if isinstance(labels.get(name), str) and _PLAIN_LABEL.fullmatch(labels[name])
+    }
 
 
 def _opt_float(value: Any) -> float | None:
@@ -243,6 +269,7 @@ def snapshot_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]
         started_at=totals.started_at,
         created_at=min(totals.created) if totals.created else None,
         legacy_names=tuple(legacy),
+        cache_config=totals.cache_config,
     )
 
 
@@ -259,6 +286,12 @@ class _SampleTotals:
     http_total: float | None = None
     http_5xx: float | None = None
     started_at: float | None = None
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+    def add_cache_config(self, labels: Mapping[str, str], value: float) -> None:
+        """The first engine's cache configuration (engines of one server share it)."""
+        if not self.cache_config:
+            self.cache_config = _plain_labels(labels)
 
     def add_scalar(self, name: str, value: float, *, keep_max: bool) -> None:
         """Counters add up over engines; a few gauges (a usage share) take the worst engine instead."""
@@ -302,6 +335,7 @@ _SPECIAL_SAMPLES = {
     _SUCCESS_CREATED: _SampleTotals.add_created,
     _PROCESS_START: _SampleTotals.add_process_start,
     _HTTP_REQUESTS: _SampleTotals.add_http,
+    _CACHE_CONFIG: _SampleTotals.add_cache_config,
 }
 """Samples that are neither a wanted counter or gauge nor a histogram, each with how it is combined."""
 

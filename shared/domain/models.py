@@ -17,6 +17,7 @@ from shared.domain.errors import ErrorClass
 
 __all__ = [
     "ACCELERATOR_TYPES",
+    "FINDING_LOG_KIND",
     "MODEL_PRESET_NAMES",
     "AcceleratorType",
     "AttemptLog",
@@ -91,6 +92,10 @@ UtcDateTime = Annotated[datetime, AfterValidator(utc)]
 def region_of(zone: str) -> str:
     """``us-east5-b`` -> ``us-east5``."""
     return zone.rsplit("-", 1)[0]
+
+
+FINDING_LOG_KIND = "deployment.finding"
+"""``jsonPayload.kind`` of the monitor's log entry when a finding appears (Terraform's finding alert matches it)."""
 
 
 class Tier(StrEnum):
@@ -338,7 +343,7 @@ class DeploymentStatus(BaseModel):
     last_request_at: UtcDateTime | None = None
     node_system: dict[str, Any] | None = None  # what the node agent reported at boot (OS, CPU, RAM, accelerator)
     boot: BootProgress | None = None  # the startup script's progress on the booting node (monitor-owned)
-    findings: list[str] = Field(default_factory=list)  # monitor-owned warnings, e.g. short of headroom
+    findings: list[str] = Field(default_factory=list)  # monitor-owned warnings "<tag>: <text>" (FINDING_LOG_KIND)
 
 
 class DeploymentRecord(BaseModel):

@@ -56,6 +56,7 @@ from shared.domain.boot_progress import (
     read_boot,
 )
 from shared.domain.canary import CanaryCheck, canary_slis, carried_canary_slis, judge_canary, plan_canary, with_canary
+from shared.domain.effective_config import config_finding
 from shared.domain.errors import CloudError, ConflictError, ErrorClass
 from shared.domain.health import (
     MONITORED_PHASES,
@@ -73,6 +74,7 @@ from shared.domain.health import (
 )
 from shared.domain.metrics import IntervalStats
 from shared.domain.models import (
+    FINDING_LOG_KIND,
     BootProgress,
     DeploymentRecord,
     Desired,
@@ -408,8 +410,12 @@ class Monitor:
         if boot is not None:
             new_status["boot"] = boot
             wanted = True
-        found = saturation_finding(room, [sample.slis for sample in item.history], record.spec.health)
-        wanted = _with_findings(record, [found] if found else [], new_status, wanted) or wanted
+        cache_config = result.metrics.cache_config if result.metrics is not None else None
+        found = [
+            saturation_finding(room, [sample.slis for sample in item.history], record.spec.health),
+            config_finding(record.spec, cache_config, record.status.findings),
+        ]
+        wanted = _with_findings(record, [text for text in found if text], new_status, wanted) or wanted
         if wanted:
             decision.new_status = new_status
         return decision
@@ -521,7 +527,7 @@ def _with_findings(record: DeploymentRecord, findings: list[str], new_status: di
             "%s: %s",
             record.deployment_id,
             after[tag],
-            extra={"kind": "deployment.finding", "deployment_id": record.deployment_id, "finding": tag},
+            extra={"kind": FINDING_LOG_KIND, "deployment_id": record.deployment_id, "finding": tag},
         )
     for tag in before.keys() - after.keys():
         log.info("%s: cleared: %s", record.deployment_id, tag, extra={"deployment_id": record.deployment_id})

@@ -55,9 +55,10 @@ class TestParseMetrics:
         )
         assert parse_metrics(text) == everything
 
-    def test_the_filter_skips_the_37_label_cache_config_and_process_families(self) -> None:
+    def test_the_filter_skips_the_process_families_and_keeps_the_cache_config_the_plan_is_checked_with(self) -> None:
         kept = list(relevant_metric_lines(real_metrics_text()))
-        assert not any("cache_config_info" in line or line.startswith("python_") for line in kept)
+        assert not any(line.startswith(("python_", "# HELP")) for line in kept)
+        assert [line for line in kept if line.startswith("vllm:cache_config_info{")], "effective config reads it"
         assert len(kept) < 653 / 2
 
     def test_malformed_text_raises_value_error(self) -> None:

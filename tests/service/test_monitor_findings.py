@@ -23,7 +23,14 @@ from shared.adapters.openai_client import OpenAiCompatibleClient
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe
 from shared.config import Settings
-from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Phase
+from shared.domain.models import (
+    FINDING_LOG_KIND,
+    DeploymentRecord,
+    DeploymentSpec,
+    DeploymentStatus,
+    Phase,
+    ServingOptions,
+)
 from shared.services.monitor import Monitor, MonitorSettings
 from tests.support.vllm_replay import ReplayVllm, real_metrics_text, with_values
 
@@ -51,11 +58,18 @@ class World:
     ports: GatewayPorts
     steps: int = 0
 
-    def add(self, name: str) -> None:
+    def add(self, name: str, model: str = "tiny-llama", accelerator: str = "v6e-1", kv: str = "auto") -> None:
         now = self.clock.now()
+        spec = DeploymentSpec(
+            deployment_id=name,
+            model=model,
+            accelerator=accelerator,
+            zones=("us-east5-b",),
+            serving=ServingOptions(kv_cache_dtype=kv),
+        )
         record = DeploymentRecord(
             deployment_id=name,
-            spec=DeploymentSpec(deployment_id=name, model="tiny-llama", accelerator="v6e-1", zones=("us-east5-b",)),
+            spec=spec,
             status=DeploymentStatus(phase=Phase.SERVING, phase_since=now, endpoint=self.replay.base_url(name)),
             created_at=now,
             updated_at=now,
@@ -104,12 +118,17 @@ def world(tmp_path: Path) -> Iterator[World]:
     store.close()
 
 
-def findings_logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
+def findings_logged(caplog: pytest.LogCaptureFixture, tag: str = "saturation") -> list[tuple[str, str, str]]:
     return [
         (r.levelname, r.deployment_id, r.finding)  # type: ignore[attr-defined]
         for r in caplog.records
-        if getattr(r, "kind", None) == "deployment.finding"
+        if getattr(r, "kind", None) == FINDING_LOG_KIND and getattr(r, "finding", None) == tag
     ]
+
+
+def tagged(findings: list[str], tag: str = "saturation") -> list[str]:
+    """The findings of one kind (the CPU stand-in also allocates far fewer KV tokens than a TPU would)."""
+    return [text for text in findings if text.partition(":")[0] == tag]
 
 
 def test_short_headroom_for_three_ticks_is_a_finding_logged_once_then_cleared(
@@ -119,10 +138,10 @@ def test_short_headroom_for_three_ticks_is_a_finding_logged_once_then_cleared(
     with caplog.at_level(logging.INFO, logger="tpuctl.monitor"):
         world.tick("dep-a")
         world.tick("dep-a")
-        assert world.record("dep-a").status.findings == []
+        assert tagged(world.record("dep-a").status.findings) == []
         world.tick("dep-a")
         saturated = world.record("dep-a")
-        assert saturated.status.findings == [WARNING_TEXT]
+        assert tagged(saturated.status.findings) == [WARNING_TEXT]
         assert saturated.status.phase is Phase.SERVING  # a warning before the phase model calls it DEGRADED
         assert saturated.status.slis["headroom"] == pytest.approx(0.12)
         world.tick("dep-a")
@@ -133,7 +152,7 @@ def test_short_headroom_for_three_ticks_is_a_finding_logged_once_then_cleared(
         world.replay.set("dep-a", metrics=with_values(BASE, kv_cache_usage=0.3, running=3))
         world.tick()
     recovered = world.record("dep-a")
-    assert recovered.status.findings == []
+    assert tagged(recovered.status.findings) == []
     assert recovered.status.slis["headroom"] == pytest.approx(0.7)
     assert any("cleared: saturation" in r.getMessage() for r in caplog.records if r.levelname == "INFO")
     assert findings_logged(caplog) == [("WARNING", "dep-a", "saturation")]
@@ -152,9 +171,30 @@ def test_the_deployment_view_and_tpuctl_status_show_the_finding(world: World) ->
     for _ in range(3):
         world.tick("dep-a")
     detail = GatewayCore(world.ports).get_deployment("dep-a")
-    assert detail.findings == [WARNING_TEXT]
+    assert tagged(detail.findings) == [WARNING_TEXT]
     assert detail.slis["headroom"] == pytest.approx(0.12)
     stdout = io.StringIO()
     assert run(["status", "dep-a"], ports=world.ports, stdout=stdout, stderr=io.StringIO()) == EXIT_OK
     text = " ".join(stdout.getvalue().split())
     assert "finding" in text and "headroom 12%" in text and "KV cache 88% full" in text
+
+
+FP8_TEXT = "effective config: planned fp8 KV cache, vLLM runs auto (the weights' dtype): about 2x fewer tokens"
+
+
+def test_a_kv_dtype_the_plan_did_not_get_is_a_finding_kept_through_a_blind_scrape_and_cleared_when_fixed(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.add("dep-b", model="gemma-4-31b", accelerator="v6e-4", kv="fp8")
+    with caplog.at_level(logging.INFO, logger="tpuctl.monitor"):
+        world.tick()
+        assert world.record("dep-b").status.findings == [FP8_TEXT]
+        blind = "\n".join(line for line in BASE.splitlines() if "cache_config_info" not in line) + "\n"
+        world.replay.set("dep-b", metrics=blind)
+        world.tick()
+        assert world.record("dep-b").status.findings == [FP8_TEXT], "a scrape without the config clears nothing"
+        assert findings_logged(caplog, "effective config") == [("WARNING", "dep-b", "effective config")]
+        world.replay.set("dep-b", metrics=BASE.replace('cache_dtype="auto"', 'cache_dtype="fp8_e4m3"'))
+        world.tick()
+    assert world.record("dep-b").status.findings == []
+    assert GatewayCore(world.ports).get_deployment("dep-b").findings == []

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from shared.adapters._pubsub_rules import parse_filter
 from shared.config import Settings
 from shared.domain.models import (
+    FINDING_LOG_KIND,
     BenchmarkRun,
     CommandRecord,
     DeploymentRecord,
@@ -824,7 +825,7 @@ def test_alerts_watch_every_dead_letter_queue_the_functions_and_unhealthy_phases
     assert call["notification_channels"] == "${var.notification_channels}"
     monitoring = load_module(TERRAFORM_ROOT / "modules" / "monitoring")
     policies = monitoring.resources_of("google_monitoring_alert_policy")
-    assert set(policies) == {"dead_letter_backlog", "function_errors", "unhealthy_phase"}
+    assert set(policies) == {"dead_letter_backlog", "function_errors", "unhealthy_phase", "deployment_finding"}
     for name, policy in policies.items():
         assert policy["notification_channels"] == "${local.channels}", name
     metric = monitoring.resources_of("google_logging_metric")["unhealthy_phase"]
@@ -836,3 +837,8 @@ def test_alerts_watch_every_dead_letter_queue_the_functions_and_unhealthy_phases
     for label in ("phase", "deployment_id"):
         assert label in PhaseChanged.model_fields
         assert metric["label_extractors"][label] == f"EXTRACT(jsonPayload.{label})"
+    # Findings (saturation, effective config): the monitor logs kind, deployment_id and finding (its tag).
+    finding = monitoring.resources_of("google_logging_metric")["deployment_finding"]
+    assert finding["filter"] == f'jsonPayload.kind="{FINDING_LOG_KIND}"'
+    for label in ("finding", "deployment_id"):
+        assert finding["label_extractors"][label] == f"EXTRACT(jsonPayload.{label})"

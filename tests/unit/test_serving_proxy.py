@@ -90,8 +90,8 @@ def _handler(upstream: Upstream) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                upstream.first_event_sent.set()  # before the write: the client may read the event before we return
                 self._chunk(b'data: {"text": "first"}\n\n')
-                upstream.first_event_sent.set()
                 upstream.release.wait(10)  # the test reads the first event through the proxy before this returns
                 self._chunk(b'data: {"text": "second"}\n\n')
                 self._chunk(b"data: [DONE]\n\n")

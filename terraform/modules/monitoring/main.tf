@@ -186,3 +186,77 @@ resource "google_monitoring_alert_policy" "unhealthy_phase" {
     EOT
   }
 }
+
+resource "google_logging_metric" "deployment_finding" {
+  project     = var.project_id
+  name        = "${var.name_prefix}/deployment_finding"
+  description = "Monitor log entries that raise a finding on a deployment (saturation, an effective configuration other than the plan)."
+  filter      = "jsonPayload.kind=\"deployment.finding\""
+
+  metric_descriptor {
+    metric_kind  = "DELTA"
+    value_type   = "INT64"
+    unit         = "1"
+    display_name = "tpuctl deployment findings"
+
+    labels {
+      key         = "finding"
+      value_type  = "STRING"
+      description = "The finding's tag: saturation, effective config."
+    }
+
+    labels {
+      key         = "deployment_id"
+      value_type  = "STRING"
+      description = "The deployment the finding is about."
+    }
+  }
+
+  label_extractors = {
+    finding       = "EXTRACT(jsonPayload.finding)"
+    deployment_id = "EXTRACT(jsonPayload.deployment_id)"
+  }
+}
+
+resource "google_monitoring_alert_policy" "deployment_finding" {
+  project               = var.project_id
+  display_name          = "tpuctl: deployment finding (saturation, effective configuration)"
+  combiner              = "OR"
+  notification_channels = local.channels
+  user_labels           = var.labels
+
+  conditions {
+    display_name = "The monitor raised a finding on a deployment"
+
+    condition_threshold {
+      filter          = "resource.type = \"cloud_run_revision\" AND metric.type = \"logging.googleapis.com/user/${google_logging_metric.deployment_finding.name}\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.deployment_id", "metric.label.finding"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close = "3600s"
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = <<-EOT
+      Deployment $${metric.label.deployment_id} has a $${metric.label.finding} finding: it is short of
+      room before its latency breaks (saturation), or vLLM runs another KV-cache dtype or a smaller KV pool
+      than the plan (effective config). `tpu_get_deployment` shows the finding with both figures.
+    EOT
+  }
+}
