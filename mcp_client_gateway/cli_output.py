@@ -19,6 +19,7 @@ from rich.text import Text
 
 from loadgen.plots import write_plots
 from loadgen.report import result_table
+from mcp_client_gateway.interface_words import cli_text
 from mcp_client_gateway.models import (
     BenchmarkComparison,
     BenchmarkView,
@@ -279,7 +280,7 @@ def render_serving_logs(view: ServingLogsView, out: Output) -> None:
     for line in view.lines:  # already stripped of escapes and control characters: written as is, unwrapped
         out.stdout.write(line + "\n")
     if view.status != "completed":
-        out.note(f"{view.status}: {view.detail or view.next_step}")
+        out.note(f"{view.status}: {view.detail or cli_text(view.next_step)}")
     if view.truncated:
         out.note("output was cut to stay within bounds; ask for fewer lines with --tail")
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mcp_client_gateway.cli import EXIT_FAILED, EXIT_OK, _wording, run
+from mcp_client_gateway.cli_output import Output, render_serving_logs
+from mcp_client_gateway.models import ServingLogsView
 from shared.domain.models import BenchmarkRun
 from tests.mcp.conftest import GatewayWorld
 
@@ -128,3 +130,21 @@ def test_slis_that_are_instants_read_as_utc_times(world: GatewayWorld) -> None:
 def test_wait_speaks_when_the_stage_changes_not_when_its_minutes_count_up() -> None:
     assert _wording("searching: waited 3 min in 2 zone(s)") == _wording("searching: waited 4 min in 2 zone(s)")
     assert _wording("searching: waited 3 min") != _wording("booting: vLLM loads (3 min)")
+
+
+def test_a_next_step_the_cli_prints_names_tpuctl_commands_not_tools() -> None:
+    view = ServingLogsView(
+        deployment_id="gemma-a",
+        task_id="3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c",
+        status="pending",
+        done=False,
+        lines=[],
+        truncated=False,
+        next_step="The node agent has not answered yet; call tpu_tail_serving_logs again with "
+        "task_id='3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c' in a few seconds.",
+    )
+    stdout, stderr = io.StringIO(), io.StringIO()
+    render_serving_logs(view, Output("table", False, stdout, stderr))
+    said = stderr.getvalue()
+    assert "tpuctl logs" in said and "--task-id 3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c" in said
+    assert "tpu_tail_serving_logs" not in said and "task_id=" not in said
