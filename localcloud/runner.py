@@ -25,8 +25,8 @@ wait takes 40 s, a one-minute Scheduler tick fires every second). Every process 
 wall-clock things (lease expiry after a crash, the age at which a command is stale, the bus's ack deadline and
 backoff) are scaled so they keep their wall-clock meaning.
 
-Shutdown (``stop()``, Ctrl-C or SIGTERM in the CLI) stops the ticker and dispatchers, the node processes and the
-functions, each by process group, then checks that no process it started survives.
+Shutdown (``stop()``, Ctrl-C or SIGTERM) stops the ticker, dispatchers, node processes and functions, each by
+process group, then checks that no process it started survives.
 """
 
 from __future__ import annotations
@@ -79,10 +79,12 @@ TICKS_FILE = REPO_ROOT / "terraform" / "envs" / "default" / "ticks.json"
 # created, paused and resumed by the provisioner itself; the runner owns the other two, as Terraform does.
 RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
 NAME_PREFIX = "tpuctl"
-
+DEBUG_BUNDLE_BUCKET = f"{NAME_PREFIX}-debug-bundles"  # as Terraform's, in the Storage stand-in
 MAX_DELIVERY_ATTEMPTS = 5
-
+_SCALED_LIMITS = ("lease_ttl_s", "max_event_age_s", "command_claim_s", "node_task_timeout_s")  # _scaled_limits
 _FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+_TWIN_SETTINGS: tuple[str, ...] = ("secretmanager_endpoint", "scheduler_endpoint", "logging_endpoint")
+_TWIN_SETTINGS += ("storage_endpoint", "debug_bundle_bucket")  # the twin clients' stand-in endpoints, bundle bucket
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,7 @@ class LocalCloud:
         if self.uses_emulators:
             self._start_emulators()
         if self.options.gcp:
+            self.controller_apis.create_bucket(DEBUG_BUNDLE_BUCKET)
             self.controller_apis.start()
             self._scheduler_url = self.scheduler_api.start()
         return self.sim.start()
@@ -307,6 +310,8 @@ class LocalCloud:
                         "secretmanager_endpoint": self.controller_apis.base_url,
                         "scheduler_endpoint": self._scheduler_url,
                         "logging_endpoint": self.google_apis.base_url,  # where the VMs' agents write vLLM's lines
+                        "storage_endpoint": self.controller_apis.base_url,  # debug bundles, read by the gateway
+                        "debug_bundle_bucket": DEBUG_BUNDLE_BUCKET,
                     }
                     if self.options.gcp
                     else {}
@@ -476,21 +481,15 @@ class LocalCloud:
         return {
             "TPUCTL_BACKEND": settings.backend,
             "TPUCTL_PROJECT": self.scenario.project,
-            **(
-                {
-                    "TPUCTL_SECRETMANAGER_ENDPOINT": settings.secretmanager_endpoint or "",
-                    "TPUCTL_SCHEDULER_ENDPOINT": settings.scheduler_endpoint or "",
-                    "TPUCTL_LOGGING_ENDPOINT": settings.logging_endpoint or "",
-                }
+            **{
+                f"TPUCTL_{name.upper()}": str(getattr(settings, name) or "")
+                for name in _TWIN_SETTINGS
                 if settings.backend == "gcp"
-                else {}
-            ),
+            },
             "TPUCTL_DATA_DIR": str(self.data_dir),
             "TPUCTL_TPU_ENDPOINT": self.sim_url,
             "TPUCTL_CLOCK": "simulator",
-            "TPUCTL_LEASE_TTL_S": f"{settings.lease_ttl_s:.0f}",
-            "TPUCTL_MAX_EVENT_AGE_S": f"{settings.max_event_age_s:.0f}",
-            "TPUCTL_COMMAND_CLAIM_S": f"{settings.command_claim_s:.0f}",
+            **{f"TPUCTL_{name.upper()}": f"{getattr(settings, name):.0f}" for name in _SCALED_LIMITS},
             **({"TPUCTL_BOOT_BUDGET_S": f"{settings.boot_budget_s:.0f}"} if settings.boot_budget_s else {}),
             "TPUCTL_LOG_LEVEL": settings.log_level,
             **(
@@ -526,6 +525,7 @@ class LocalCloud:
             "command_claim_s": max(600.0, 60.0 * scale),  # a stuck first delivery is taken over after 1 wall min
             # a VM twin boots vLLM on CPU in wall time (40-120 s here): DOWN only after 5 wall minutes of silence
             "boot_budget_s": min(86400.0, max(3600.0, 300.0 * scale)),
+            "node_task_timeout_s": max(300.0, 120.0 * scale),  # a node's restart, with its debug bundle, in wall time
         }
 
     def _start_emulators(self) -> None:

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from rich.text import Text
 
 from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
+from mcp_client_gateway.cli_debug import add_debug_command
 from mcp_client_gateway.cli_output import (
     Output,
     render_accepted,
@@ -485,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_deployment_commands(sub, common, waiting)
     _add_planning_commands(sub, common)
     _add_serving_commands(sub, common)
+    add_debug_command(sub, common)
     _add_bench_commands(sub, common, waiting)
     _add_gateway_commands(sub, common)
     return parser

@@ -16,7 +16,17 @@ from typing import Any, cast
 
 from mcp_client_gateway.capabilities.common import GatewayPorts, PriceLookup
 from shared.config import Settings
-from shared.ports import Clock, CommandBus, LogReader, ModelClient, QuotaApi, SecretStore, StateStore, TpuApi
+from shared.ports import (
+    Clock,
+    CommandBus,
+    DebugBundles,
+    LogReader,
+    ModelClient,
+    QuotaApi,
+    SecretStore,
+    StateStore,
+    TpuApi,
+)
 from shared.wiring import Runtime
 
 __all__ = ["build_ports", "local_log_dir", "warm_up"]
@@ -92,6 +102,14 @@ def build_ports(settings: Settings) -> GatewayPorts:
 
         return OpenAiCompatibleClient()
 
+    def debug_bundles() -> DebugBundles:
+        built = runtime.debug_bundles()
+        if built is None:  # bundles_configured below says when there is none; this only guards a disagreement
+            raise RuntimeError("no debug-bundle store is configured (set TPUCTL_DEBUG_BUNDLE_BUCKET)")
+        return built
+
+    # On Google Cloud bundles need the installation's bucket (Terraform's debug_bundle_bucket output).
+    bundles_configured = settings.backend != "gcp" or bool(settings.debug_bundle_bucket)
     deferred = {
         "store": _Deferred(lambda: runtime.store),
         "bus": _Deferred(bus),
@@ -111,6 +129,7 @@ def build_ports(settings: Settings) -> GatewayPorts:
         tpu=cast(TpuApi, deferred["tpu"]),
         # The controller's prices (the Billing Catalog, cached; the dated table when unreachable): the same source.
         prices=None if no_stack else cast(PriceLookup, _Deferred(lambda: runtime.prices)),
+        debug_bundles=cast(DebugBundles, _Deferred(debug_bundles)) if bundles_configured else None,
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))

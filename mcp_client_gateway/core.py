@@ -37,6 +37,7 @@ from mcp_client_gateway.capabilities.common import (
     SecretRedaction,
     clock_warning,
 )
+from mcp_client_gateway.capabilities.debug import Debugging
 from mcp_client_gateway.capabilities.deployments import Deployments
 from mcp_client_gateway.capabilities.logs import MAX_LOG_CHARS, MetricsAndLogs
 from mcp_client_gateway.capabilities.operations import Operations, deployment_stage
@@ -50,6 +51,7 @@ from mcp_client_gateway.models import (
     BenchmarkComparison,
     BenchmarkView,
     CommandAccepted,
+    DebugBundleView,
     DeploymentDetail,
     DeploymentList,
     HealthReport,
@@ -99,6 +101,7 @@ class GatewayCore:
         self.serving = Serving(ports, records, redaction)
         self.logs = MetricsAndLogs(ports, records, publisher, node_tasks, redaction, self.serving)
         self.benchmarks = Benchmarks(ports, records, publisher)
+        self.debugging = Debugging(ports, records, publisher, node_tasks, redaction)
 
     @property
     def tail_wait_s(self) -> float:
@@ -326,6 +329,11 @@ class GatewayCore:
         """Ask the node for the vLLM container's newest log lines and wait a few seconds for the answer;
         with ``task_id``, read the answer to an earlier ask instead (nothing is published)."""
         return self.logs.tail_serving_logs(deployment_id, lines=lines, task_id=task_id)
+
+    def debug_bundle(self, deployment_id: str, *, capture: bool = False, task_id: str | None = None) -> DebugBundleView:
+        """A debug bundle of the serving engine (stacks, log tail, metrics, tpu-info, boot): with ``capture``, ask
+        the node for one now and wait a few seconds; with ``task_id``, the one that task kept; else the newest."""
+        return self.debugging.debug_bundle(deployment_id, capture=capture, task_id=task_id)
 
     # ------------------------------------------------------------------ benchmarks
 

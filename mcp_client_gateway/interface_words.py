@@ -118,6 +118,7 @@ COMMANDS: dict[str, CliCommand | None] = {
     ),
     "tpu_tail_serving_logs": CliCommand("logs", _ID, {"lines": "--tail", "task_id": "--task-id"}),
     "tpu_analyze_logs": None,
+    "tpu_debug_bundle": CliCommand("debug", _ID, {"capture": "--capture", "task_id": "--task-id"}),
     "tpu_run_benchmark": CliCommand(
         "bench run",
         _ID,
@@ -165,24 +166,29 @@ def param_flag(name: str) -> str | None:
     return flags.pop() if len(flags) == 1 else None
 
 
-def cli_call(tool: str, arguments: Mapping[str, str] | None = None) -> str:
-    """``tpuctl delete gemma-a`` for ``tpu_delete_deployment`` with ``deployment_id='gemma-a'``."""
+def cli_call(tool: str, arguments: Mapping[str, str | bool] | None = None) -> str:
+    """``tpuctl delete gemma-a`` for ``tpu_delete_deployment`` with ``deployment_id='gemma-a'``; a switch given
+    as True (``capture=true`` in text) is its flag alone (``--capture``)."""
     cli = COMMANDS.get(tool)
     given = dict(arguments or {})
     if cli is None:
         return f"the {tool} tool (tpuctl mcp serves it; no tpuctl command does this)"
     words = ["tpuctl", cli.command]
     for name in cli.positionals:
-        words.append(given.pop(name) if name in given else PLACEHOLDERS.get(name, name.upper()))
+        value = given.pop(name, None)
+        words.append(value if isinstance(value, str) else PLACEHOLDERS.get(name, name.upper()))
     for name, value in given.items():
         flag = cli.flags.get(name)
-        if flag is not None:
+        if flag is not None and value is True:
+            words.append(flag)
+        elif flag is not None and isinstance(value, str):
             words += [flag, value]
     return " ".join(words)
 
 
 _CALL = re.compile(r"\b(tpu_[a-z_]+)(?:\(([^()]*)\))?")
 _ARGUMENT = re.compile(r"([a-z_]+)='([^']*)'")
+_SWITCH = re.compile(r"\b([a-z_]+)=true\b")
 
 
 def cli_text(text: str) -> str:
@@ -193,11 +199,15 @@ def cli_text(text: str) -> str:
         tool, inside = match[1], match[2]
         if tool not in COMMANDS:
             return match[0]
-        arguments = dict(_ARGUMENT.findall(inside or ""))
+        arguments: dict[str, str | bool] = dict(_ARGUMENT.findall(inside or ""))
+        arguments |= {name: True for name in _SWITCH.findall(inside or "")}
         return cli_call(tool, arguments)
 
     def flag(match: re.Match[str]) -> str:
         found = param_flag(match[1])
         return f"{found} {match[2]}" if found else match[0]
 
-    return _ARGUMENT.sub(flag, _CALL.sub(command, text))
+    def switch(match: re.Match[str]) -> str:
+        return param_flag(match[1]) or match[0]
+
+    return _SWITCH.sub(switch, _ARGUMENT.sub(flag, _CALL.sub(command, text)))

@@ -26,6 +26,8 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
    * ``serving.logs`` returns the newest N lines, stripped of terminal escapes and control characters, with
      secrets redacted (registered ones, the API key, token-shaped strings), each cut to 2000 characters, and the
      oldest dropped until the event fits one message;
+   * ``serving.debug`` keeps a debug bundle (stacks, log, metrics, tpu-info, boot) and answers with its name;
+     every restart keeps one first, so a restart never destroys the evidence (``node_agent.bundle_keeper``);
 
 7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
    (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
@@ -49,14 +51,16 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen.generator import LoadGenerator, Target
+from node_agent.answers import TASK_ACTIONS, TaskAnswer, fit_lines, shrink_result
+from node_agent.bundle_keeper import BundleKeeper, KeptBundle
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
-from node_agent.log_lines import MAX_LINE_CHARS, clean_log_line
+from node_agent.log_lines import clean_log_line
 from node_agent.system_info import boot_id, system_info
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
@@ -64,8 +68,8 @@ from shared.domain.models import DEPLOYMENT_ID_PATTERN
 from shared.domain.node_seal import EVENT_KEY_METADATA, EVENT_SEAL_ATTRIBUTE, seal
 from shared.logging import redact
 from shared.messages import (
-    MAX_MESSAGE_BYTES,
     BenchmarkCompleted,
+    CaptureDebugBundle,
     NodeBooted,
     NodeTaskCompleted,
     RestartServing,
@@ -96,7 +100,6 @@ log = logging.getLogger("tpuctl.node_agent")
 
 _ID_NAMESPACE = uuid.UUID("0c8f5f6e-3a1d-4e0b-9d43-6b2f1c7e9a55")
 _STOP_GRACE_S = 5.0
-_RESULT_BUDGET_BYTES = MAX_MESSAGE_BYTES - 4096  # room for the envelope
 SERVING_CONTAINER_NAME = "tpuctl-vllm"
 """The vLLM container's name: the startup script's ``CONTAINER`` (``StartupScriptInputs.container_name``)."""
 _RUN_STOP_WAIT_S = _STOP_GRACE_S * 6  # how long a restart waits for a stopped run to wind down
@@ -217,6 +220,7 @@ class NodeAgent:
         api_key: str | None = None,
         restart_timeout_s: float = 30.0,
         event_key: str | None = None,
+        bundles: BundleKeeper | None = None,
     ) -> None:
         self.bus = bus
         self.deployment_id = deployment_id
@@ -236,6 +240,7 @@ class NodeAgent:
         self.tasks = tasks if tasks is not None else TaskJournal(journal.directory)
         self.restart_timeout_s = restart_timeout_s
         self._api_key = api_key
+        self.bundles = bundles  # None: restarts and serving.debug keep no bundle, and say so
         self._event_key = event_key  # seals every event (shared.domain.node_seal); None: the controller refuses them
         self._serving = threading.Lock()  # held by a benchmark run and by a restart: never both at once
         self._work = threading.Event()  # set by the puller when a run was accepted
@@ -368,13 +373,13 @@ class NodeAgent:
         except InvalidMessage as exc:
             log.warning("dropped an unreadable dispatch %s: %s", delivery.message_id, exc)
             return
-        known = isinstance(message, RunBenchmark | RestartServing | TailServingLogs)
+        known = isinstance(message, RunBenchmark | RestartServing | TailServingLogs | CaptureDebugBundle)
         if not known or message.deployment_id != self.deployment_id:
             log.warning("dropped a %s for %s", getattr(message, "kind", "?"), getattr(message, "deployment_id", "?"))
             return
         body = delivery.data.decode("utf-8")
-        if isinstance(message, RestartServing | TailServingLogs):
-            action: Literal["restart", "logs"] = "restart" if isinstance(message, RestartServing) else "logs"
+        if isinstance(message, RestartServing | TailServingLogs | CaptureDebugBundle):
+            action = TASK_ACTIONS[message.kind]
             if self.tasks.accept(message.command_id, action, body, self._now()):
                 log.info("accepted %s task %s", action, message.command_id)
             else:
@@ -394,43 +399,56 @@ class NodeAgent:
         for entry in self.tasks.waiting():
             if self.stopping.is_set():
                 break
-            status, detail, lines = self._carry_out(entry)
-            self.tasks.finish(entry.task_id, status, self._now(), detail=detail[:2000], lines=lines)
-            log.info("%s task %s %s: %s", entry.action, entry.task_id, status, detail[:300])
+            answer = self._carry_out(entry)
+            self.tasks.finish(
+                entry.task_id,
+                answer.status,
+                self._now(),
+                detail=answer.detail[:2000],
+                lines=answer.lines,
+                bundle=answer.bundle,
+            )
+            log.info("%s task %s %s: %s", entry.action, entry.task_id, answer.status, answer.detail[:300])
             done += 1
         return done
 
-    def _carry_out(self, entry: TaskEntry) -> tuple[Literal["completed", "failed"], str, list[str]]:
+    def _carry_out(self, entry: TaskEntry) -> TaskAnswer:
         try:
             message = decode_message(entry.message)
         except InvalidMessage as exc:
-            return "failed", f"unreadable task: {exc}", []
+            return TaskAnswer("failed", f"unreadable task: {exc}")
         if self.container is None:
-            return "failed", "this node agent has no serving container configured (TPUCTL_NODE_CONTAINER)", []
+            return TaskAnswer("failed", "this node agent has no serving container configured (TPUCTL_NODE_CONTAINER)")
         try:
             if isinstance(message, RestartServing):
                 return self._restart(message, self.container)
             if isinstance(message, TailServingLogs):
-                return "completed", "", self._tail(message.lines, self.container)
+                return TaskAnswer("completed", "", self._tail(message.lines, self.container))
+            if isinstance(message, CaptureDebugBundle):
+                kept = self._keep_bundle(message.command_id, message.reason or "requested")
+                return TaskAnswer("completed" if kept.name else "failed", kept.detail, bundle=kept.name)
         except ControllerError as exc:
             kind = "retrying may help" if not isinstance(exc, PermanentError) else "retrying will not help"
-            return "failed", redact(f"{exc} ({kind})"), []
+            return TaskAnswer("failed", redact(f"{exc} ({kind})"))
         except Exception as exc:  # a failed task is an answer to send, never a reason for the puller to die
             log.exception("%s task %s failed", entry.action, entry.task_id)
-            return "failed", redact(f"{type(exc).__name__}: {exc}"), []
-        return "failed", f"not a node task: {getattr(message, 'kind', '?')}", []
+            return TaskAnswer("failed", redact(f"{type(exc).__name__}: {exc}"))
+        return TaskAnswer("failed", f"not a node task: {getattr(message, 'kind', '?')}")
 
-    def _restart(
-        self, message: RestartServing, container: ServingContainer
-    ) -> tuple[Literal["completed", "failed"], str, list[str]]:
+    def _keep_bundle(self, task_id: str, reason: str) -> KeptBundle:
+        if self.bundles is None:
+            return KeptBundle("", "no debug bundle kept: this node agent has no bundle keeper configured")
+        return self.bundles.keep(task_id, reason)
+
+    def _restart(self, message: RestartServing, container: ServingContainer) -> TaskAnswer:
         before = container.inspect()
         if before.started_at is not None and message.issued_at < before.started_at:
-            return (
+            return TaskAnswer(
                 "completed",
                 f"already restarted at {before.started_at.isoformat()} (after this request was issued at "
                 f"{message.issued_at.isoformat()}); nothing done",
-                [],
             )
+        kept = self._keep_bundle(message.command_id, f"before restart: {message.reason or 'no reason given'}")
         held, stopped_run = self._hold_serving(f"serving restart requested: {message.reason or 'no reason given'}")
         try:
             after = container.restart(self.restart_timeout_s)
@@ -438,11 +456,12 @@ class NodeAgent:
             if held:
                 self._serving.release()
         started = after.started_at.isoformat() if after.started_at else "unknown"
-        return (
+        stopped = "; the benchmark run in progress was stopped" if stopped_run else ""
+        return TaskAnswer(
             "completed",
             f"restarted {after.name}: was {before.status} (pid {before.pid}), now {after.status} (pid {after.pid}) "
-            f"since {started}" + ("; the benchmark run in progress was stopped" if stopped_run else ""),
-            [],
+            f"since {started}{stopped}; {kept.detail}",
+            bundle=kept.name,
         )
 
     def _hold_serving(self, cause: str) -> tuple[bool, bool]:
@@ -581,6 +600,7 @@ class NodeAgent:
                 action=entry.action,
                 status="completed" if entry.state == "completed" else "failed",
                 detail=entry.detail[:2000],
+                bundle=entry.bundle,
             )
             event = fit_lines(event, entry.lines)
             if not self._publish(event):
@@ -603,40 +623,6 @@ class NodeAgent:
 
     def _now(self) -> str:
         return self.clock.now().isoformat()
-
-
-def shrink_result(result: dict[str, Any], budget: int = _RESULT_BUDGET_BYTES) -> dict[str, Any]:
-    """Fit a result into one message: drop std and median figures, then the highest levels, saying so."""
-    if len(json.dumps(result)) <= budget:
-        return result
-    slim = dict(result)
-    slim["points"] = [
-        {k: v for k, v in point.items() if not k.startswith(("std_", "median_"))} for point in result.get("points", [])
-    ]
-    slim["truncated"] = "std_ and median_ figures dropped to fit one message; the full result is on the node"
-    while len(json.dumps(slim)) > budget and slim["points"]:
-        slim["points"] = slim["points"][:-1]
-        slim["truncated"] = (
-            f"only the first {len(slim['points'])} levels fit one message; the full result is on the node"
-        )
-    return slim
-
-
-def fit_lines(event: NodeTaskCompleted, lines: list[str], budget: int = MAX_MESSAGE_BYTES) -> NodeTaskCompleted:
-    """``event`` with as many of the newest ``lines`` (500 at most) as fit in ``budget`` bytes, oldest dropped."""
-    kept = [line[:MAX_LINE_CHARS] for line in lines][-500:]
-    base = len(encode_message(event))
-    costs = [len(json.dumps(line, ensure_ascii=False).encode("utf-8")) + 1 for line in kept]
-    total = base + sum(costs) + 16
-    start = 0
-    while total > budget and start < len(kept):
-        total -= costs[start]
-        start += 1
-    while True:
-        candidate = event.model_copy(update={"lines": tuple(kept[start:])})
-        if len(encode_message(candidate)) <= budget or start >= len(kept):
-            return candidate
-        start += 1
 
 
 def ship_serving_logs(
@@ -717,6 +703,7 @@ def read_event_key(
 def main() -> int:
     """Entry point of ``python -m node_agent.agent``."""
     from loadgen.datasets import find_tokenizer_file
+    from node_agent.bundle_keeper import node_bundle_keeper
     from shared.adapters.docker_engine import DockerEngineContainer
     from shared.config import get_settings
     from shared.domain.serving_key import deployment_api_key
@@ -727,18 +714,25 @@ def main() -> int:
     configure_logging(settings.log_level)
     agent_settings = NodeAgentSettings()
     api_key = _read_key(agent_settings.node_api_key_file)  # the master, as vLLM was started with it
-    register_secret(api_key)
     # The serving port (the serving proxy) takes only this deployment's own key, derived from the master.
     serving_key = deployment_api_key(api_key, agent_settings.deployment_id) if api_key else None
-    register_secret(serving_key)
     event_key = read_event_key()
-    register_secret(event_key)
+    for secret in (api_key, serving_key, event_key):
+        register_secret(secret)
     journal_dir = _journal_dir(settings, agent_settings)
     lock = AgentLock(journal_dir)
     lock.acquire()
     runtime = Runtime(settings)
     tokenizer = find_tokenizer_file(agent_settings.node_tokenizer) if agent_settings.node_tokenizer else None
     container = DockerEngineContainer(agent_settings.node_docker_host, agent_settings.node_container)
+    bundles = node_bundle_keeper(
+        runtime,
+        container,
+        deployment_id=agent_settings.deployment_id,
+        vllm_url=agent_settings.node_vllm_url,
+        api_key=api_key,
+        node=agent_settings.node_name,
+    )
     agent = NodeAgent(
         runtime.bus,
         deployment_id=agent_settings.deployment_id,
@@ -756,6 +750,7 @@ def main() -> int:
         api_key=api_key,
         restart_timeout_s=agent_settings.node_restart_timeout_s,
         event_key=event_key,
+        bundles=bundles,
     )
     stop = threading.Event()
 

@@ -154,7 +154,7 @@ def _write_atomically(path: Path, body: str) -> None:
         raise
 
 
-TaskAction = Literal["restart", "logs"]
+TaskAction = Literal["restart", "logs", "debug"]
 TaskState = Literal["accepted", "completed", "failed"]
 
 
@@ -169,6 +169,8 @@ class TaskEntry:
     finished_at: str | None = None
     detail: str = ""
     lines: list[str] = field(default_factory=list)
+    bundle: str = ""
+    """The debug bundle kept for this task (restart, debug), if any."""
     published: bool = False
 
 
@@ -223,11 +225,19 @@ class TaskJournal:
             return sorted((e for e in self._entries.values() if e.state == "accepted"), key=lambda e: e.accepted_at)
 
     def finish(
-        self, task_id: str, state: Literal["completed", "failed"], at: str, *, detail: str, lines: list[str]
+        self,
+        task_id: str,
+        state: Literal["completed", "failed"],
+        at: str,
+        *,
+        detail: str,
+        lines: list[str],
+        bundle: str = "",
     ) -> None:
         with self._lock:
             entry = self._entries[task_id]
             entry.state, entry.finished_at, entry.detail, entry.lines = state, at, detail, list(lines)
+            entry.bundle = bundle
             self._save()
 
     def unpublished(self) -> list[TaskEntry]:

@@ -56,6 +56,18 @@ class Settings(BaseSettings):
         description="Cloud Logging REST endpoint for the gateway's reads and the node agent's writes "
         "(default: Google's).",
     )
+    storage_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Cloud Storage JSON API endpoint for debug bundles, written by the node agent and read by the "
+        "gateway (default: Google's).",
+    )
+    debug_bundle_bucket: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9]$",
+        description="Cloud Storage bucket the node agents keep debug bundles in (Terraform's debug_bundle_bucket "
+        "output). Unset with backend gcp: no bundles are kept; the embedded default keeps them under data_dir.",
+    )
     pubsub_iam_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

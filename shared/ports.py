@@ -36,6 +36,7 @@ __all__ = [
     "ContainerLogLine",
     "ContainerLogs",
     "ContainerState",
+    "DebugBundles",
     "Delivery",
     "EndpointAccess",
     "EndpointAccessError",
@@ -550,3 +551,24 @@ class LogSink(Protocol):
     """
 
     def write(self, lines: Sequence[NodeLogLine]) -> None: ...
+
+
+class DebugBundles(Protocol):
+    """Where debug bundles are kept (``shared.domain.debug_bundle``): the installation's Cloud Storage bucket on
+    Google Cloud, a directory on the embedded default. Names are ``bundle_object_name(...)``; a name is written
+    once (a second write of the same name raises ``PermanentError``), so a bundle linked from a task never changes.
+
+    Errors are classified ``CloudError``s: ``NOT_FOUND`` for a name with no object, ``PERMISSION`` when the caller's
+    identity may not read or write the bucket, ``INVALID`` for a bundle over ``MAX_BUNDLE_BYTES``, ``TRANSIENT``
+    for anything retrying may cure.
+    """
+
+    def put(self, name: str, data: bytes) -> str:
+        """Store ``data`` (JSON) under ``name``; returns where a person finds it (``gs://bucket/name`` or a path)."""
+        ...
+
+    def get(self, name: str) -> bytes: ...
+
+    def location(self, name: str) -> str:
+        """Where ``name`` is, in the words a person uses for this store (no call is made)."""
+        ...

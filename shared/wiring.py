@@ -18,6 +18,7 @@ from shared.config import Settings, get_settings
 from shared.ports import (
     Clock,
     CommandBus,
+    DebugBundles,
     LogSink,
     NodeChannels,
     SchedulerApi,
@@ -55,6 +56,7 @@ def serving_environment(settings: Settings) -> ServingEnvironment:
         api_key_secret=settings.vllm_api_key_secret,
         node_agent_bundle=settings.node_agent_bundle or "",
         node_agent_bundle_sha256=settings.node_agent_bundle_sha256 or "",
+        debug_bundle_bucket=settings.debug_bundle_bucket or "",
         bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
     )
 
@@ -275,6 +277,27 @@ class Runtime:
         from shared.adapters.local_log_sink import LocalFilesLogSink
 
         return LocalFilesLogSink()
+
+    def debug_bundles(self, *, as_node: bool = False) -> DebugBundles | None:
+        """Where debug bundles are kept: the installation's bucket on ``gcp`` (None when it has none), written by a
+        node agent (``as_node``: as the VM, with its metadata server's tokens) and read by the gateway as the user;
+        on the embedded default a directory under the data dir."""
+        if self.settings.backend == "gcp":
+            if not self.settings.debug_bundle_bucket:
+                return None
+            from shared.adapters.cloud_storage_bundles import CloudStorageBundles
+
+            credentials = None
+            if as_node:
+                from google.auth.compute_engine import Credentials as VmCredentials
+
+                credentials = VmCredentials()
+            return CloudStorageBundles(
+                self.settings.debug_bundle_bucket, endpoint=self.settings.storage_endpoint, credentials=credentials
+            )
+        from shared.adapters.directory_bundles import DirectoryBundles
+
+        return DirectoryBundles(self._data / "debug-bundles")
 
     def close(self) -> None:
         """Close every port built so far that holds connections (tests and the local runner call it)."""

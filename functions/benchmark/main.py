@@ -1,7 +1,7 @@
 """Cloud Function ``benchmark``: the commands and events that concern a deployment's node.
 
-Benchmark requests and schedules and node tasks (``serving.restart``, ``serving.logs``) from the commands
-topic; the node agent's answers, results and boot reports from the events topic, where a TPU VM may report
+Benchmark requests and schedules and node tasks (``serving.restart``, ``serving.logs``, ``serving.debug``) from
+the commands topic; the node agent's answers, results and boot reports from the events topic, where a TPU VM may report
 about itself (its events sealed with its own deployment's key, shared/domain/node_seal.py) but never command
 (shared/messages/routing.py). Return acks, raise retries (shared/entry.py);
 configuration comes from ``TPUCTL_*`` variables.
@@ -16,7 +16,7 @@ import flask
 import functions_framework
 
 from shared.logging import configure_logging
-from shared.messages import Message, NodeTaskCompleted, RestartServing, TailServingLogs
+from shared.messages import CaptureDebugBundle, Message, NodeTaskCompleted, RestartServing, TailServingLogs
 from shared.triggers import FunctionEntry
 from shared.wiring import Runtime, runtime
 
@@ -25,7 +25,7 @@ def _handler(rt: Runtime) -> Callable[[Message], str]:
     def handle(message: Message) -> str:
         """Node tasks (``NODE_TASK_KINDS``) and their answers to the node-task service, the rest to the benchmarker."""
         match message:
-            case RestartServing() | TailServingLogs() | NodeTaskCompleted():
+            case RestartServing() | TailServingLogs() | CaptureDebugBundle() | NodeTaskCompleted():
                 return rt.node_tasks.handle(message)
             case _:
                 return rt.benchmarker.handle(message)

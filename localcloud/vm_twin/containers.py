@@ -6,7 +6,7 @@ agent adapter (``shared.adapters.docker_engine``) run unchanged. A container is 
 with ``--net=host`` its network is the VM's, with ``--net=none`` a network namespace of its own with loopback only
 (nothing of the VM's network, its metadata server included, is reachable; a unix socket in a bound folder is the
 only way in). ``--device`` paths must exist on the VM, as the engine checks; ``Privileged``, ``NetworkMode`` and
-``Devices`` show in ``inspect``. Calls served (paths with or without ``/v1.NN``):
+``Devices`` (and ``PidMode``, ``CapAdd``) show in ``inspect``. Calls served (paths with or without ``/v1.NN``):
 
 * ``POST /images/create?fromImage=&tag=`` (pull): known image references only (:class:`ImageStore`);
 * ``POST /containers/create?name=`` (409 on a taken name), ``POST /containers/{id}/start``,
@@ -119,6 +119,8 @@ class ContainerSpec:
     network_mode: str = "host"
     privileged: bool = False
     devices: tuple[str, ...] = ()  # PathOnHost of each device: checked to exist; the container process sees /dev
+    pid_mode: str = ""  # "host": the VM's process ids (the twin's containers always share them; shown in inspect)
+    cap_add: tuple[str, ...] = ()
 
     @classmethod
     def from_create(cls, name: str, body: Mapping[str, Any]) -> ContainerSpec:
@@ -136,6 +138,8 @@ class ContainerSpec:
             network_mode=str(host.get("NetworkMode") or "host"),
             privileged=bool(host.get("Privileged")),
             devices=tuple(str(device.get("PathOnHost") or "") for device in host.get("Devices") or ()),
+            pid_mode=str(host.get("PidMode") or ""),
+            cap_add=tuple(str(cap) for cap in host.get("CapAdd") or ()),
         )
 
 
@@ -194,6 +198,8 @@ class Container:
                 "NetworkMode": self.spec.network_mode,
                 "Privileged": self.spec.privileged,
                 "Devices": [{"PathOnHost": path, "PathInContainer": path} for path in self.spec.devices],
+                "PidMode": self.spec.pid_mode,
+                "CapAdd": list(self.spec.cap_add),
             },
         }
 

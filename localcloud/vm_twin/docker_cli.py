@@ -39,6 +39,8 @@ _VALUE_FLAGS = {
     "--device": "device",
     "--ulimit": "ulimit",
     "--cap-drop": "cap_drop",
+    "--cap-add": "cap_add",
+    "--pid": "pid_mode",
 }
 _BOOL_FLAGS = {"-d": "detach", "--detach": "detach", "--rm": "rm", "--privileged": "privileged", "-q": "quiet"}
 _TEMPLATE = re.compile(r"\{\{\s*(.*?)\s*\}\}")
@@ -101,7 +103,15 @@ def _checked(method: str, path: str, body: Any = None) -> bytes:
 
 def parse_run(args: Sequence[str]) -> tuple[dict[str, Any], str, list[str]]:
     """``docker run`` flags, the image, and the command after it."""
-    options: dict[str, Any] = {"label": [], "volume": [], "env": [], "device": [], "ulimit": [], "cap_drop": []}
+    options: dict[str, Any] = {
+        "label": [],
+        "volume": [],
+        "env": [],
+        "device": [],
+        "ulimit": [],
+        "cap_drop": [],
+        "cap_add": [],
+    }
     index = 0
     while index < len(args):
         word = args[index]
@@ -146,6 +156,8 @@ def _run(args: Sequence[str]) -> int:
             "Devices": [_device(device) for device in options["device"]],
             "Ulimits": [_ulimit(limit) for limit in options["ulimit"]],
             "CapDrop": options["cap_drop"],
+            "CapAdd": options["cap_add"],
+            "PidMode": options.get("pid_mode", ""),
             # An attached --rm run is removed by this command once its output is shown (as the CLI's attach
             # streams it before the engine removes the container); a detached one by the engine.
             "AutoRemove": bool(options.get("rm")) and bool(options.get("detach")),

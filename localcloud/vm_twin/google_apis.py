@@ -9,6 +9,11 @@ Only the calls a VM makes are served, on Google's REST wire:
   with base64 data; 404 ``NOT_FOUND`` "Secret [...] not found or has no versions." as Google words it;
 * ``GET /storage/v1/b/B`` (bucket metadata), ``GET /storage/v1/b/B/o/O`` (object metadata; ``?alt=media``
   for the bytes) and ``GET /download/storage/v1/b/B/o/O?alt=media``;
+* ``POST /upload/storage/v1/b/B/o?uploadType=media&name=N[&ifGenerationMatch=0]`` (the node agent stores a debug
+  bundle): ``{"kind": "storage#object", "bucket", "name", "size", "generation"}``; 412 ``conditionNotMet`` as Google
+  words it when ``ifGenerationMatch=0`` meets an existing object (written once, atomically); 404 for a bucket that
+  was never made; 413 for a body over :data:`MAX_UPLOAD_BYTES`; 400 for a name a file path cannot hold faithfully
+  (``.`` or ``..`` or empty segments, line breaks), since objects are files here;
 * Cloud Logging's ``POST /v2/entries:write`` (the node agent ships vLLM's lines) and ``POST /v2/entries:list``
   (``tpu_get_logs`` reads them), served by :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need
   a VM's token like every call here; a list is served to any caller, token or not (the gateway reads with the
@@ -27,8 +32,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,13 +46,19 @@ from localcloud.vm_twin.logging_api import CloudLoggingStandIn
 from localcloud.vm_twin.metadata_server import TokenIssuer
 from shared.ports import SecretStore
 
-__all__ = ["GoogleApis"]
+__all__ = ["MAX_UPLOAD_BYTES", "GoogleApis"]
+
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024
+"""The largest upload body taken (debug bundles are bounded at 4 MiB by every store; this bounds the stand-in)."""
 
 _SECRET = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$")
 _SECRETS = re.compile(r"^/v1/projects/([^/]+)/secrets$")
 _ADD_VERSION = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/:]+):addVersion$")
-_BUCKET = re.compile(r"^/storage/v1/b/([^/]+)$")
-_OBJECT = re.compile(r"^/(?:download/)?storage/v1/b/([^/]+)/o/(.+)$")
+_BUCKET_NAME = r"([a-z0-9][-a-z0-9_.]{2,222})"  # a bucket name, never '..'
+_BUCKET = re.compile(rf"^/storage/v1/b/{_BUCKET_NAME}$")
+_OBJECT = re.compile(rf"^/(?:download/)?storage/v1/b/{_BUCKET_NAME}/o/(.+)$")
+_UPLOAD = re.compile(rf"^/upload/storage/v1/b/{_BUCKET_NAME}/o$")
+_PRECONDITION = "At least one of the pre-conditions you specified did not hold."
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
 
 
@@ -89,6 +103,7 @@ class GoogleApis:
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{self.base_url}/storage/v1/",
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": f"{self.base_url}/",
             "TPUCTL_LOGGING_ENDPOINT": self.base_url,  # the node agent's log sink (Settings.logging_endpoint)
+            "TPUCTL_STORAGE_ENDPOINT": self.base_url,  # where the node agent keeps debug bundles
         }
 
     def start(self) -> str:
@@ -102,6 +117,10 @@ class GoogleApis:
             self._server.shutdown()
             self._serving = None
         self._server.server_close()
+
+    def create_bucket(self, bucket: str) -> None:
+        """Make an empty bucket (what ``terraform apply`` creates)."""
+        (self.buckets_dir / bucket).mkdir(parents=True, exist_ok=True)
 
     def put_object(self, bucket: str, name: str, data: bytes) -> str:
         """Store an object (what ``terraform apply`` uploads); returns its ``gs://`` URI."""
@@ -144,6 +163,64 @@ class GoogleApis:
             return 200, {"name": f"projects/{project}/secrets/{secret}/versions/{version}", "state": "ENABLED"}
         return _error(404, f"no such API here: POST {path}")
 
+    def upload(
+        self, path: str, query: str, authorization: str | None, data: bytes, length: int
+    ) -> tuple[int, dict[str, Any] | bytes]:
+        """``POST /upload/storage/v1/b/B/o?uploadType=media``: store one object (``length``: the declared size)."""
+        with self._lock:
+            self.calls.append(("POST", path))
+        if self.require_token and self.tokens.identity(authorization) is None:
+            return _error(401, "Request had invalid authentication credentials.")
+        match = _UPLOAD.match(path)
+        if match is None:
+            return _error(404, f"no such API here: POST {path}")
+        params = parse_qs(query)
+        bucket, name = match.group(1), params.get("name", [""])[0]
+        if params.get("uploadType", [""])[0] != "media":
+            return _storage_error(400, "invalid", "The stand-in takes uploadType=media only.")
+        if length > MAX_UPLOAD_BYTES:
+            return _storage_error(413, "uploadTooLarge", f"Upload of {length} bytes is over {MAX_UPLOAD_BYTES}.")
+        if problem := _unstorable(name):
+            return _storage_error(400, "invalid", f"The object name {name!r} {problem}.")
+        if not (self.buckets_dir / bucket).is_dir():
+            return _storage_error(404, "notFound", "The specified bucket does not exist.")
+        once = params.get("ifGenerationMatch", [""])[0]
+        if once not in ("", "0"):
+            return _storage_error(400, "invalid", "The stand-in takes ifGenerationMatch=0 only.")
+        return self._store(bucket, name, data, once=once == "0")
+
+    def _store(self, bucket: str, name: str, data: bytes, *, once: bool) -> tuple[int, dict[str, Any] | bytes]:
+        """Write through a temporary file: ``once`` links it in (an existing object wins), else replaces."""
+        path = self._object_path(bucket, name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            return _storage_error(400, "invalid", f"The stand-in holds {bucket}/{name} and a prefix as files.")
+        if path.is_dir():
+            return _storage_error(400, "invalid", f"The stand-in holds {bucket}/{name} as a prefix already.")
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            if not once:
+                os.replace(temporary, path)
+            else:
+                try:
+                    os.link(temporary, path)
+                except FileExistsError:
+                    return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+        generation = str(time.time_ns() // 1000)
+        return 200, {
+            "kind": "storage#object",
+            "id": f"{bucket}/{name}/{generation}",
+            "bucket": bucket,
+            "name": name,
+            "size": str(len(data)),
+            "generation": generation,
+        }
+
     def _access(self, project: str, secret: str, version: str) -> tuple[int, dict[str, Any] | bytes]:
         if project != self.project:
             return _error(403, f"Permission 'secretmanager.versions.access' denied for resource '{path_of(project)}'")
@@ -177,6 +254,25 @@ def _error(code: int, message: str) -> tuple[int, dict[str, Any]]:
     return code, {"error": {"code": code, "message": message, "status": _STATUS.get(code, "UNKNOWN")}}
 
 
+def _storage_error(code: int, reason: str, message: str, *, location: str = "") -> tuple[int, dict[str, Any]]:
+    """Cloud Storage's JSON error: ``{"error": {"code", "message", "errors": [{"reason", ...}]}}``."""
+    detail = {"message": message, "domain": "global", "reason": reason}
+    if location:
+        detail |= {"locationType": "header", "location": location}
+    return code, {"error": {"code": code, "message": message, "errors": [detail]}}
+
+
+def _unstorable(name: str) -> str:
+    """Why an object name cannot be a file under its bucket here ("" when it can)."""
+    if not name or len(name.encode()) > 1024:
+        return "is empty or longer than 1024 bytes"
+    if any(c in name for c in "\r\n\x00"):
+        return "holds a line break or NUL"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "has an empty, '.' or '..' segment, which the stand-in's files cannot hold"
+    return ""
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -194,6 +290,14 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length") or 0)
+        if url.path.startswith("/upload/"):
+            data = self.rfile.read(length) if 0 < length <= MAX_UPLOAD_BYTES else self._drain(length)
+            try:
+                status, answer = apis.upload(url.path, url.query, self.headers.get("Authorization"), data, length)
+            except ValueError as exc:
+                status, answer = _error(400, str(exc))
+            self._reply(status, answer)
+            return
         if url.path.startswith("/v2/entries:"):
             with apis._lock:
                 apis.calls.append(("POST", url.path))
@@ -206,6 +310,15 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, UnicodeDecodeError) as exc:
             status, answer = _error(400, str(exc))
         self._reply(status, answer)
+
+    def _drain(self, length: int) -> bytes:
+        """Read and drop a body too large to take, so the client reads the refusal instead of a reset."""
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                break
+            length -= len(chunk)
+        return b""
 
     def _reply(self, status: int, body: dict[str, Any] | bytes) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

@@ -323,8 +323,8 @@ class VmFleet:
             inbound=[SERVING_PORT],
             script_env=endpoints,
             container_env={
-                **endpoints,
                 **self._container_env,
+                **endpoints,  # last: the stand-ins as this VM reaches them, not as the controller does
                 "TPUCTL_NODE_NAME": f"{vm.zone}/{vm.node_id}",
                 "HF_ENDPOINT": "http://127.0.0.1:9",  # the Hub is out of the VM's reach: caches only
             },

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from shared.messages import decode_message, encode_message, message_attributes, 
 from shared.ports import (
     Clock,
     CommandBus,
+    DebugBundles,
     EndpointAccess,
     LogReader,
     ModelClient,
@@ -90,6 +92,8 @@ class GatewayPorts:
     endpoint_access: EndpointAccess | None = None
     prices: PriceLookup | None = None
     """The Billing Catalog prices the controller uses; None: the dated table (said so in every result)."""
+    debug_bundles: DebugBundles | None = None
+    """Where node agents keep debug bundles; None: none is configured (tpu_debug_bundle then says so)."""
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -261,6 +265,15 @@ class NodeTaskReader:
         """A node task as read now: one unanswered past the node-task timeout reads as failed."""
         task = self.ports.store.get_node_task(task_id)
         return as_read(task, self.ports.clock.now(), self.ports.settings.node_task_timeout_s) if task else None
+
+    def wait(self, task_id: str, seconds: float, poll_s: float = 0.2) -> NodeTask | None:
+        """The task once the node answered it, or as it stands after ``seconds`` (None: not recorded yet)."""
+        deadline = time.monotonic() + seconds
+        task = self.get(task_id)
+        while (task is None or not task.finished) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            task = self.get(task_id)
+        return task
 
     def of(self, deployment_id: str) -> list[NodeTask]:
         now = self.ports.clock.now()

@@ -4,7 +4,6 @@ the deployed model, and the vLLM container's log tail fetched from the node on d
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -55,7 +54,6 @@ _MAX_COUNTER_SAMPLES = 2000  # about 33 hours of one-minute ticks: the span tota
 MAX_LOG_CHARS = 4096
 _MAX_ANALYSIS_CHARS = 8192
 TAIL_WAIT_S = 3.0  # how long tpu_tail_serving_logs waits for the node's answer before returning the task id
-_TAIL_POLL_S = 0.2
 _MAX_TAIL_CHARS = 12288
 _ANALYSIS_SYSTEM_PROMPT = (
     "You help an SRE read the logs of a model-serving deployment on Cloud TPU. The user message holds log "
@@ -248,11 +246,7 @@ class MetricsAndLogs:
             raise GatewayError("failed_precondition", "deployment_id", refusal.removeprefix("deployment_id: "), "")
         message = self.publisher.validated({"kind": "serving.logs", "deployment_id": deployment_id, "lines": lines})
         accepted = self.publisher.publish(message, "")
-        deadline = time.monotonic() + self.tail_wait_s
-        task = self.node_tasks.get(message.command_id)
-        while (task is None or not task.finished) and time.monotonic() < deadline:
-            time.sleep(_TAIL_POLL_S)
-            task = self.node_tasks.get(message.command_id)
+        task = self.node_tasks.wait(message.command_id, self.tail_wait_s)
         return _serving_logs_view(deployment_id, message.command_id, task, requested_at=accepted.published_at)
 
     def _read_tail(self, deployment_id: str, task_id: str) -> ServingLogsView:

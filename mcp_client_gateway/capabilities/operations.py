@@ -31,13 +31,13 @@ from mcp_client_gateway.models import (
 )
 from shared.domain import deployment_progress
 from shared.domain.boot_progress import stage_text
-from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec, Desired, Phase, Tier
+from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec, Desired, NodeTask, Phase, Tier
 
 __all__ = ["Operations", "deployment_stage"]
 
 _MAX_ATTEMPTS_SHOWN = 20
 _MAX_FINDINGS_SHOWN = 10
-_NODE_TASK_KINDS = {"restart": "serving.restart", "logs": "serving.logs"}
+_NODE_TASK_KINDS = {"restart": "serving.restart", "logs": "serving.logs", "debug": "serving.debug"}
 _TARGET_PHASES: dict[str, frozenset[Phase]] = {
     "deployment.create": frozenset({Phase.SERVING}),
     "deployment.update": frozenset({Phase.SERVING}),
@@ -188,7 +188,7 @@ class Operations:
             view.stage = f"Benchmark {run.status}" if run else "Benchmark queued"
             view.next_step = "Read the result with tpu_get_benchmark." if view.done else "Poll again in a minute."
             return view
-        if kind in ("serving.restart", "serving.logs"):
+        if kind in _NODE_TASK_KINDS.values():
             return self._node_task_operation(view)
         if status in ("rejected", "failed"):
             view.done = True
@@ -219,7 +219,7 @@ class Operations:
         return view
 
     def _node_task_operation(self, view: OperationView) -> OperationView:
-        """Progress of serving.restart / serving.logs: the node task and the node agent's answer."""
+        """Progress of serving.restart / serving.logs / serving.debug: the node task and the node agent's answer."""
         task = self.node_tasks.get(view.command_id)
         if task is None:
             if view.status in ("rejected", "failed"):
@@ -245,6 +245,12 @@ class Operations:
             finished = task.finished_at.isoformat() if task.finished_at else "an unknown time"
             view.stage = f"completed: restarted at {finished}" + (f" ({detail})" if detail else "")
             view.next_step = "vLLM loads the model again; serving resumes when tpu_get_deployment shows SERVING."
+            if task.bundle:
+                view.next_step += f" The engine's state before the restart: {_read_bundle(task)}."
+        elif task.action == "debug":
+            kept = "a debug bundle kept" if task.bundle else "no debug bundle kept"
+            view.stage = f"completed: {kept}" + (f" ({detail})" if detail else "")
+            view.next_step = f"Read it with {_read_bundle(task)}." if task.bundle else ""
         else:
             view.stage = f"completed: {len(task.lines)} log line(s)" + (f" ({detail})" if detail else "")
             view.next_step = (
@@ -263,6 +269,10 @@ class Operations:
             if isinstance(node, dict) and node:
                 return {str(k): v for k, v in node.items() if isinstance(v, str | int | float | bool) or v is None}
         return None
+
+
+def _read_bundle(task: NodeTask) -> str:
+    return f"tpu_debug_bundle(deployment_id='{task.deployment_id}', task_id='{task.task_id}')"
 
 
 def _verb(kind: str) -> str:

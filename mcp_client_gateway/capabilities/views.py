@@ -39,6 +39,7 @@ def node_task_view(task: NodeTask) -> NodeTaskView:
         finished_at=task.finished_at,
         detail=clean_text(task.detail, limit=500)[0],
         line_count=len(task.lines),
+        bundle=task.bundle,
     )
 
 

@@ -438,18 +438,20 @@ class BenchmarkRun(BaseModel):
 
 
 class NodeTask(BaseModel):
-    """One container-control request to a deployment's node agent (restart vLLM, tail its log) and its answer.
+    """One container-control request to a deployment's node agent (restart vLLM, tail its log, capture a debug
+    bundle) and its answer.
 
     ``task_id`` is the request's ``command_id``. ``dispatched_at`` stays None until the request is on the
     node-tasks topic, so a redelivery after a crash in between knows to publish it; ``lines`` hold the log tail
-    (already scrubbed of control characters and secrets) for ``logs`` tasks.
+    (already scrubbed of control characters and secrets) for ``logs`` tasks; ``bundle`` names the debug bundle the
+    node stored before a restart or on request (``shared.domain.debug_bundle``), empty when none was.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     task_id: str = Field(min_length=1, max_length=100)
     deployment_id: str
-    action: Literal["restart", "logs"]
+    action: Literal["restart", "logs", "debug"]
     status: Literal["dispatched", "completed", "failed"] = "dispatched"
     reason: str = Field(default="", max_length=500)
     requested_at: UtcDateTime
@@ -457,6 +459,7 @@ class NodeTask(BaseModel):
     finished_at: UtcDateTime | None = None
     detail: str = Field(default="", max_length=2000)
     lines: tuple[str, ...] = Field(default=(), max_length=500)
+    bundle: str = Field(default="", max_length=200)
 
     @property
     def finished(self) -> bool:

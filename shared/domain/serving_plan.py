@@ -42,6 +42,7 @@ NODE_AGENT_ENV_NAMES = (
     "TPUCTL_NODE_SERVED_MODEL",
     "TPUCTL_NODE_DOCKER_HOST",  # set by the startup script itself, with the Docker socket's mount
     "TPUCTL_NODE_CONTAINER",  # likewise: the serving container's name (CONTAINER)
+    "TPUCTL_DEBUG_BUNDLE_BUCKET",  # where bundles go before a restart (absent: none are kept)
 )
 
 
@@ -62,6 +63,8 @@ class ServingEnvironment:
     # gs:// URI and SHA-256 of the node-agent bundle (make package; Terraform uploads it); "" = no node agent.
     node_agent_bundle: str = ""
     node_agent_bundle_sha256: str = ""
+    # The bucket node agents keep debug bundles in (Terraform's); "" = none kept (shared.domain.debug_bundle).
+    debug_bundle_bucket: str = ""
     bind_host: str = "127.0.0.1"
     port: int = 8000
 
@@ -114,7 +117,7 @@ class ServingPlan:
     def startup_script(self) -> str:
         """The TPU VM startup script for this plan."""
         base_url = f"http://{'127.0.0.1' if self.launch.host == '0.0.0.0' else self.launch.host}:{self.launch.port}"
-        agent_env = (
+        agent_env: tuple[tuple[str, str], ...] = (
             ("TPUCTL_BACKEND", "gcp"),
             ("TPUCTL_PROJECT", self.environment.project),
             ("TPUCTL_DEPLOYMENT_ID", self.spec.deployment_id),
@@ -122,6 +125,8 @@ class ServingPlan:
             ("TPUCTL_NODE_API_KEY_FILE", API_KEY_FILE),
             ("TPUCTL_NODE_SERVED_MODEL", self.engine.served_name),
         )
+        if self.environment.debug_bundle_bucket:
+            agent_env += (("TPUCTL_DEBUG_BUNDLE_BUCKET", self.environment.debug_bundle_bucket),)
         return render_startup_script(
             StartupScriptInputs(
                 deployment_id=self.spec.deployment_id,

@@ -367,15 +367,16 @@ install_node_agent() {
 
 # The node agent (python -m node_agent.agent) runs from the pinned image's Python with the bundle installed
 # into a host directory; it reads the API key from the same mounted file as vLLM. It restarts and tails the
-# serving container (serving.restart, serving.logs) through the Docker socket mounted into it.
+# serving container (serving.restart, serving.logs, serving.debug) through the Docker socket mounted into it.
 start_node_agent() {
   if [[ -z "${NODE_AGENT_BUNDLE}" ]]; then
     progress node-agent "not configured"
     return 0
   fi
   docker rm -f "${AGENT_CONTAINER}" >/dev/null 2>&1 || true
+  # --pid=host and SYS_PTRACE: the agent reads the engine's stacks (py-spy) into a debug bundle before a restart.
   docker run -d --name "${AGENT_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
-    --restart unless-stopped --net=host -v "${AGENT_DIR}:/opt/tpuctl:ro" \
+    --restart unless-stopped --net=host --pid=host --cap-add=SYS_PTRACE -v "${AGENT_DIR}:/opt/tpuctl:ro" \
     -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${DOCKER_SOCKET}:${DOCKER_SOCKET}" \
     --env PYTHONPATH=/opt/tpuctl/lib --env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}" \
     --env "TPUCTL_NODE_CONTAINER=${CONTAINER}" "${NODE_AGENT_ENV[@]}" \

@@ -113,7 +113,15 @@ class TailServingLogs(_DeploymentMessage):
     lines: int = Field(default=100, ge=1, le=500, description="How many of the newest lines to return.")
 
 
-NODE_TASK_KINDS: tuple[str, ...] = ("serving.restart", "serving.logs")
+class CaptureDebugBundle(_DeploymentMessage):
+    """Ask the node for a debug bundle of the serving engine now, without restarting it (``shared.domain.debug_bundle``;
+    answered by ``node.task_completed`` with the bundle's name). Every ``serving.restart`` captures one first too."""
+
+    kind: Literal["serving.debug"] = "serving.debug"
+    reason: str = Field(default="", max_length=500)
+
+
+NODE_TASK_KINDS: tuple[str, ...] = ("serving.restart", "serving.logs", "serving.debug")
 """Commands the benchmark function records and dispatches to the deployment's node agent."""
 
 
@@ -233,10 +241,13 @@ class NodeTaskCompleted(_DeploymentMessage):
 
     kind: Literal["node.task_completed"] = "node.task_completed"
     task_id: str = Field(pattern=UUID_PATTERN)
-    action: Literal["restart", "logs"]
+    action: Literal["restart", "logs", "debug"]
     status: Literal["completed", "failed"]
     detail: str = Field(default="", max_length=2000)
     lines: tuple[Annotated[str, Field(max_length=2000)], ...] = Field(default=(), max_length=500)
+    bundle: str = Field(
+        default="", max_length=200, description="The debug bundle stored for this task (restart, debug), if any."
+    )
 
 
 class NodeBooted(_DeploymentMessage):
@@ -255,6 +266,7 @@ Command = Annotated[
     | StartDeployment
     | RestartServing
     | TailServingLogs
+    | CaptureDebugBundle
     | RunBenchmark
     | ScheduleBenchmark
     | ReconcileTick,
@@ -272,6 +284,7 @@ Message = Annotated[
     | StartDeployment
     | RestartServing
     | TailServingLogs
+    | CaptureDebugBundle
     | RunBenchmark
     | ScheduleBenchmark
     | ReconcileTick

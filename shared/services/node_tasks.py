@@ -1,19 +1,22 @@
-"""Node tasks: container control on a deployment's node (restart vLLM, tail its log), recorded and dispatched.
+"""Node tasks: container control on a deployment's node (restart vLLM, tail its log, capture a debug bundle),
+recorded and dispatched.
 
 ``NodeTasks(...).handle(message) -> str`` runs inside ``functions/benchmark`` (the function that talks to
 nodes; raise to retry, return to ack):
 
-- ``serving.restart`` / ``serving.logs``: the task (id = the request's ``command_id``) is recorded with
-  ``StateStore.create_node_task`` (create-if-absent, so a redelivery acts once), checked (the deployment exists
-  and is in a phase where its TPU VM runs), then the request is published unchanged on the node-tasks topic,
-  where the node agent's subscription (filtered on ``deployment_id``) picks it up. A task refused here is stored
-  ``failed`` with the reason and the fix, and raised as ``PermanentError`` (the ledger keeps it too). A task
-  recorded but not published (a crash in between: ``dispatched_at`` is None) is published on redelivery.
+- ``serving.restart`` / ``serving.logs`` / ``serving.debug``: the task (id = the request's ``command_id``) is
+  recorded with ``StateStore.create_node_task`` (create-if-absent, so a redelivery acts once), checked (the
+  deployment exists and is in a phase where its TPU VM runs), then the request is published unchanged on the
+  node-tasks topic, where the node agent's subscription (filtered on ``deployment_id``) picks it up. A task refused
+  here is stored ``failed`` with the reason and the fix, and raised as ``PermanentError`` (the ledger keeps it too).
+  A task recorded but not published (a crash in between: ``dispatched_at`` is None) is published on redelivery.
 - ``node.task_completed`` (from the node agent): status, detail and log lines are stored once, and only for a
   task recorded here for that deployment and action and still unanswered. A completion for an unknown task,
   another deployment's or action's task, a second one, or one that arrives after the answer timeout changes
   nothing (acked as ``ignored``). The node is untrusted (it parses prompts): lines and detail are scrubbed of
-  escapes, control, bidi and invisible characters and of secrets before storage, whatever the agent already did.
+  escapes, control, bidi and invisible characters and of secrets before storage, whatever the agent already did;
+  the debug bundle it names is linked only if it is the one name that task may have
+  (``shared.domain.debug_bundle.is_bundle_of``), so a VM cannot point a task at any other object.
 
 A dispatched task with no answer after ``answer_timeout_s`` reads as failed (:func:`as_read`), and is stored
 failed the next time a task of that deployment is handled.
@@ -26,12 +29,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from shared.domain.debug_bundle import is_bundle_of
 from shared.domain.errors import PermanentError
 from shared.domain.models import NodeTask
 from shared.domain.node_task_rules import NODE_PHASES, as_read, no_node_reason
 from shared.domain.untrusted import clean_text
 from shared.logging import scrub_untrusted
 from shared.messages import (
+    CaptureDebugBundle,
     Message,
     NodeTaskCompleted,
     RestartServing,
@@ -53,7 +58,11 @@ __all__ = [
 log = logging.getLogger("tpuctl.node_tasks")
 
 
-_ACTIONS: dict[str, Literal["restart", "logs"]] = {"serving.restart": "restart", "serving.logs": "logs"}
+_ACTIONS: dict[str, Literal["restart", "logs", "debug"]] = {
+    "serving.restart": "restart",
+    "serving.logs": "logs",
+    "serving.debug": "debug",
+}
 _MAX_LINE_CHARS = 2000
 _MAX_DETAIL_CHARS = 2000
 
@@ -101,7 +110,7 @@ class NodeTasks:
     def handle(self, message: Message) -> str:
         """Dispatch one decoded message; other kinds are acknowledged without effect."""
         match message:
-            case RestartServing() | TailServingLogs():
+            case RestartServing() | TailServingLogs() | CaptureDebugBundle():
                 return self.request(message)
             case NodeTaskCompleted():
                 return self.complete(message)
@@ -121,14 +130,14 @@ class NodeTasks:
         timeout = self.settings.answer_timeout_s
         return [as_read(task, now, timeout) for task in self._store.list_node_tasks(deployment_id, limit=limit)]
 
-    # --- serving.restart / serving.logs ---------------------------------------------------------------------------
+    # --- serving.restart / serving.logs / serving.debug ------------------------------------------------------------
 
-    def request(self, message: RestartServing | TailServingLogs) -> str:
+    def request(self, message: RestartServing | TailServingLogs | CaptureDebugBundle) -> str:
         now = self._clock.now()
         self.expire_stale(message.deployment_id, now)
         task_id = message.command_id
         action = _ACTIONS[message.kind]
-        reason = message.reason if isinstance(message, RestartServing) else f"last {message.lines} lines"
+        reason = f"last {message.lines} lines" if isinstance(message, TailServingLogs) else message.reason
         refusal = no_node_reason(self._store.get_deployment(message.deployment_id), message.deployment_id)
         task = NodeTask(
             task_id=task_id,
@@ -191,8 +200,23 @@ class NodeTasks:
                 "finished_at": now,
                 "detail": scrub_line(event.detail, _MAX_DETAIL_CHARS),
                 "lines": tuple(scrub_line(line) for line in event.lines),
+                "bundle": _linkable_bundle(event),
             }
         )
         if not self._store.update_node_task(answered, expected_status="dispatched"):
             return f"ignored: node task {event.task_id} was answered concurrently"
-        return f"stored {event.status} {event.action} task {event.task_id} ({len(event.lines)} line(s))"
+        linked = f", bundle {answered.bundle}" if answered.bundle else ""
+        return f"stored {event.status} {event.action} task {event.task_id} ({len(event.lines)} line(s){linked})"
+
+
+def _linkable_bundle(event: NodeTaskCompleted) -> str:
+    """The bundle name the node reported, if it is the one this task may link; any other name is dropped, loudly."""
+    if not event.bundle or is_bundle_of(event.bundle, event.deployment_id, event.task_id):
+        return event.bundle
+    log.warning(
+        "node of %s reported bundle %r for task %s, not the name that task may link; not linked",
+        event.deployment_id,
+        scrub_line(event.bundle, 200),
+        event.task_id,
+    )
+    return ""

@@ -5,7 +5,8 @@ Manager, Cloud Scheduler, Cloud TPU, Billing Catalog clients) against the Firest
 simulator and the local stand-ins; every TPU VM boots from its rendered startup script in a VM twin. One story:
 deploy, SERVING, a query, a benchmark written back by the node agent the script installed from the Cloud Storage
 bundle, vLLM's lines in Cloud Logging with the severities parsed from vLLM's format (read back by
-``tpu_get_logs``), ``serving.restart`` (a new vLLM process), a log tail, delete, zero orphans and no secret
+``tpu_get_logs``), a frozen engine called STALLED and restarted by the monitor after the node kept a debug bundle
+of it in Cloud Storage, ``serving.restart`` (a new vLLM process), a log tail, delete, zero orphans and no secret
 anywhere.
 
 Skipped with the reason where the emulators (google-cloud-cli), the vLLM CPU tier or namespaces are missing.
@@ -13,6 +14,10 @@ Skipped with the reason where the emulators (google-cloud-cli), the vLLM CPU tie
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +33,9 @@ from localcloud.vm_twin.vm import TwinVm, unshare_available
 from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
-from shared.domain.models import Phase, RejectedMessage
+from shared.domain.debug_bundle import bundle_object_name
+from shared.domain.models import NodeTask, Phase, RejectedMessage
+from shared.domain.serving_key import deployment_api_key
 from shared.messages import NodeBooted, RestartServing, encode_message, message_attributes, new_command_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
@@ -107,6 +114,87 @@ def _a_vm_can_report_about_itself_but_never_command(cloud: LocalCloud, vm: TwinV
     assert vm.view().vllm_pid == before_pid, "vLLM was not restarted"
 
 
+def _engine_core_host_pid() -> int:
+    """The VM's EngineCore process as this host sees it (the VM has a PID namespace of its own)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            nspids = next(
+                line.split()[1:] for line in (proc / "status").read_text().splitlines() if line.startswith("NSpid:")
+            )
+            if len(nspids) > 1 and "EngineCore" in (proc / "cmdline").read_text():
+                return int(proc.name)
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError("no EngineCore process inside a VM")
+
+
+def _long_completions(cloud: LocalCloud, started: threading.Event, count: int = 4) -> list[threading.Thread]:
+    """``count`` streamed completions long enough to be in flight when the engine freezes; ``started`` is set at
+    the first token. Their errors (the restart ends them) are expected and ignored."""
+    master = cloud.secrets.get(cloud.settings.vllm_api_key_secret) or ""
+    headers = {"Authorization": f"Bearer {deployment_api_key(master, SPEC.deployment_id)}"}
+    base = demo_endpoint(cloud)
+    model = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Count slowly:", "max_tokens": 450, "stream": True, "ignore_eos": True}
+
+    def stream() -> None:
+        url = f"{base}/v1/completions"
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.Client(timeout=300) as client,
+            client.stream("POST", url, json=body, headers=headers) as response,
+        ):
+            for _chunk in response.iter_bytes():
+                started.set()
+
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _a_frozen_engine_is_restarted_after_its_bundle_is_kept(cloud: LocalCloud, gateway: GatewayCore, vm: TwinVm) -> None:
+    """EngineCore frozen (SIGSTOP) under load: /health still answers, the monitor calls it STALLED and, past the
+    grace period, restarts vLLM; the node keeps a debug bundle first, holding the frozen process's stacks, and the
+    restart task links it."""
+    before = vm.view().vllm_pid
+    started = threading.Event()
+    threads = _long_completions(cloud, started)
+    assert started.wait(60), "no streamed token within 60 s"
+    engine = _engine_core_host_pid()
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        healed: list[NodeTask] = []
+        while time.monotonic() < deadline and not healed:
+            time.sleep(1)
+            healed = [
+                task
+                for task in cloud.store.list_node_tasks(SPEC.deployment_id)
+                if task.action == "restart" and task.reason.startswith("STALLED") and task.finished
+            ]
+        assert healed, f"no restart of the stalled engine: {cloud.store.get_deployment(SPEC.deployment_id)}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine, signal.SIGCONT)
+    (task,) = healed
+    assert task.status == "completed" and task.bundle, task
+    assert task.bundle == bundle_object_name(SPEC.deployment_id, task.task_id)
+    view = gateway.debug_bundle(SPEC.deployment_id)
+    assert view.status == "ready" and view.task_id == task.task_id, view
+    frozen = [p for p in view.processes if p.state.startswith("T")]
+    assert frozen and any(thread.frames for p in frozen for thread in p.threads), view.processes
+    assert f"pid {before}," in view.container, ("captured from the process the restart replaced", view.container)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and vm.view().vllm_pid in (None, before):
+        time.sleep(0.5)
+    assert vm.view().vllm_pid not in (None, before), "the monitor's restart started a new vLLM process"
+    for thread in threads:
+        thread.join(timeout=60)
+
+
 def _rejections_of(cloud: LocalCloud, message_ids: set[str]) -> list[RejectedMessage]:
     return [r for r in cloud.store.list_rejections() if r.message_id in message_ids]
 
@@ -156,6 +244,9 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
 
     gateway = demo.gateway
     assert isinstance(gateway, GatewayCore)
+    _a_frozen_engine_is_restarted_after_its_bundle_is_kept(cloud, gateway, vm)
+    demo.wait_for_phase([Phase.SERVING], STEP_TIMEOUT_S, label="serving again after the monitor's restart")
+
     before = vm.view().vllm_pid
     restart = gateway.request_confirmation("restart", SPEC.deployment_id)  # the test is the user who agrees
     gateway.restart_serving(SPEC.deployment_id, confirm=restart.confirm, reason="twin e2e")

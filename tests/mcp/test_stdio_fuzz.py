@@ -477,6 +477,24 @@ def asking_the_node_for_its_log(run: FuzzRun, result: Any, differences: set[str]
     return ""
 
 
+def reading_or_capturing_a_debug_bundle(run: FuzzRun, result: Any, differences: set[str]) -> str:
+    """Without capture, reading fuzz-target's newest bundle finds none and writes nothing; a capture publishes one
+    serving.debug task for the node and, with no node agent here, answers pending."""
+    view = result.structured_content
+    published = run.world.published()
+    if view.get("status") == "none":
+        return (
+            f"reading a bundle wrote {sorted(differences)} or published {published}" if differences or published else ""
+        )
+    if view.get("status") != "pending" or not UUID.match(str(view.get("task_id"))):
+        return f"expected status none, or pending with a task_id, got {view.get('status')}"
+    if [(message.kind, message.deployment_id) for message in published] != [("serving.debug", TARGET)]:
+        return f"expected one serving.debug command for {TARGET}, got {published}"
+    if not differences or any(not key.startswith("bus.sqlite:") for key in differences):
+        return f"expected a change to the bus only, got {sorted(differences)}"
+    return ""
+
+
 def updating_in_place(run: FuzzRun, result: Any, differences: set[str]) -> str:
     """A change of when fuzz-target ends (TTL, budget, idle) applies to its running slice without a confirmation:
     one deployment.update for it on the bus, no slice replaced."""
@@ -500,6 +518,7 @@ CONFIRMED_CHANGES = frozenset({"tpu_update_deployment"})
 ACCEPTED_WRITES: dict[str, Callable[[FuzzRun, Any, set[str]], str]] = {
     "tpu_save_hf_token": saving_the_same_token,  # confirm is not needed to save the token already stored
     "tpu_tail_serving_logs": asking_the_node_for_its_log,  # task_id null is its default: ask the node again
+    "tpu_debug_bundle": reading_or_capturing_a_debug_bundle,  # no bundle kept yet; capture=true asks the node
     "tpu_update_deployment": updating_in_place,  # a TTL, budget or idle change keeps the slice: no confirm needed
 }
 

@@ -34,6 +34,7 @@ EXPECTED: dict[str, tuple[bool, bool, bool, bool]] = {
     "tpu_get_logs": (True, False, True, True),
     "tpu_tail_serving_logs": (False, False, False, True),
     "tpu_analyze_logs": (True, False, False, True),
+    "tpu_debug_bundle": (False, False, False, True),
     "tpu_run_benchmark": (False, False, True, True),
     "tpu_get_benchmark": (True, False, True, False),
     "tpu_compare_benchmarks": (True, False, True, False),
@@ -60,7 +61,7 @@ def _listed(world: GatewayWorld) -> dict[str, Any]:
 async def test_the_server_lists_exactly_the_documented_tools(world: GatewayWorld) -> None:
     tools = await _tools(world)
     assert sorted(tools) == sorted(EXPECTED)
-    assert 15 <= len(tools) <= 22
+    assert 15 <= len(tools) <= 23
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -15,10 +15,12 @@ import pytest
 from shared.adapters.clock import ManualClock
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
+from shared.domain.debug_bundle import bundle_object_name
 from shared.domain.errors import PermanentError
 from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, Desired, NodeTask, Phase
 from shared.entry import Outcome, PubSubPayload, handle_payload
 from shared.messages import (
+    CaptureDebugBundle,
     NodeTaskCompleted,
     RestartServing,
     TailServingLogs,
@@ -366,3 +368,84 @@ def test_the_entry_acks_a_refusal_and_records_it_in_the_ledger(world: World) -> 
     assert result.outcome is Outcome.FAILED
     ledger = world.store.get_command(request.command_id)
     assert ledger is not None and ledger.status == "failed" and "STOPPED" in ledger.outcome
+
+
+# --- debug bundles: serving.debug is dispatched like any node task; an answer links a bundle only when it names
+# the one object that task may have (the node is untrusted).
+
+
+def _debug(deployment_id: str = "gemma-a") -> CaptureDebugBundle:
+    return CaptureDebugBundle(
+        command_id=new_command_id(), issued_at=START, deployment_id=deployment_id, reason="requested by a user"
+    )
+
+
+def _bundle_answer(task_id: str, action: str, bundle: str, deployment_id: str = "gemma-a") -> NodeTaskCompleted:
+    return NodeTaskCompleted.model_validate(
+        {
+            "command_id": new_command_id(),
+            "issued_at": START,
+            "deployment_id": deployment_id,
+            "task_id": task_id,
+            "action": action,
+            "status": "completed",
+            "detail": "debug bundle kept",
+            "bundle": bundle,
+        }
+    )
+
+
+def test_a_debug_request_is_recorded_and_dispatched_to_its_node_only(world: World) -> None:
+    world.deploy("gemma-a")
+    world.deploy("gemma-b")
+    request = _debug()
+
+    assert "dispatched debug task" in world.service.handle(request)
+
+    (delivery,) = world.dispatched("node-a")
+    assert world.dispatched("node-b") == []
+    assert decode_message(delivery.data) == request
+    task = world.task(request.command_id)
+    assert (task.action, task.status, task.reason, task.bundle) == ("debug", "dispatched", "requested by a user", "")
+
+
+def test_a_debug_request_for_a_stopped_deployment_is_refused_with_the_fix(world: World) -> None:
+    world.deploy(phase=Phase.STOPPED)
+    request = _debug()
+    with pytest.raises(PermanentError, match=r"STOPPED.*tpu_start_deployment"):
+        world.service.handle(request)
+    assert world.task(request.command_id).status == "failed"
+    assert world.dispatched("node-a") == []
+
+
+def test_the_bundle_named_after_the_task_is_linked_once(world: World) -> None:
+    world.deploy()
+    restart = _restart(reason="STALLED for 3 ticks")
+    world.service.handle(restart)
+    name = bundle_object_name("gemma-a", restart.command_id)
+    answer = _bundle_answer(restart.command_id, "restart", name)
+
+    assert f"bundle {name}" in world.service.handle(answer)
+    assert world.task(restart.command_id).bundle == name
+    assert world.service.handle(answer).startswith("ignored")  # a redelivery changes nothing
+    assert world.task(restart.command_id).bundle == name
+
+
+def test_a_bundle_name_the_task_may_not_have_is_never_linked(world: World) -> None:
+    world.deploy("gemma-a")
+    world.deploy("gemma-b")
+    mine, theirs = _debug("gemma-a"), _debug("gemma-b")
+    world.service.handle(mine)
+    world.service.handle(theirs)
+    hostile = (
+        bundle_object_name("gemma-b", theirs.command_id),  # another deployment's bundle
+        bundle_object_name("gemma-a", new_command_id()),  # another task's name
+        "node-agent/abc-tpuctl-node-agent.tar.gz",  # any other object of any bucket
+        f"debug-bundles/gemma-a/{mine.command_id}.json/../../secret",
+    )
+    for index, name in enumerate(hostile):
+        task = _debug("gemma-a")
+        world.service.handle(task)
+        world.service.handle(_bundle_answer(task.command_id, "debug", name))
+        stored = world.task(task.command_id)
+        assert (stored.status, stored.bundle) == ("completed", ""), (index, name)

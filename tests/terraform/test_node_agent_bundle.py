@@ -26,6 +26,9 @@ WHEEL = "tpuctl_node_agent-0.1.0-py3-none-any.whl"
 
 # Imported when present and tolerated when absent (httpx's command-line extras), so the bundle need not carry them.
 OPTIONAL_MODULES = {"click", "pygments", "rich"}
+# Shipped for their executables, never imported (node_agent.forensics runs py-spy): pinned in requirements-dev.txt,
+# since the controller's runtime set does not need them.
+EXECUTABLE_DISTRIBUTIONS = {"py-spy"}
 
 
 def _step(*args: str, root: Path = REPO_ROOT) -> dict[str, object]:
@@ -150,7 +153,8 @@ def test_the_template_installs_the_distribution_the_packager_builds() -> None:
 
 
 def test_the_requirements_are_pinned_as_in_the_root_requirements() -> None:
-    root = _pins(REPO_ROOT / "requirements.txt")
+    dev = _pins(REPO_ROOT / "requirements-dev.txt")
+    root = {**_pins(REPO_ROOT / "requirements.txt"), **{name: dev[name] for name in EXECUTABLE_DISTRIBUTIONS}}
     for name, version in _pins(REQUIREMENTS).items():
         assert root.get(name) == version, (
             f"node_agent_requirements.txt pins {name}=={version}, root has {root.get(name)}"

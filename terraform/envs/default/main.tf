@@ -49,6 +49,8 @@ locals {
     TPUCTL_NODE_NETWORK         = var.network
     TPUCTL_NODE_TAGS            = module.network.node_tag
     TPUCTL_NODE_EXTERNAL_IPS    = "false"
+    # Where node agents keep debug bundles (the VMs get it through the startup script's agent environment).
+    TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
   }
 
   # The node-agent bundle every TPU VM fetches, verifies and installs at boot (docs/deploy.md); only when one is
@@ -59,7 +61,7 @@ locals {
   })
 
   # Routing. Commands are ordered per deployment and go to provision, except the benchmark ones and the
-  # node tasks (serving.restart, serving.logs), which the benchmark function dispatches to the node agent;
+  # node tasks (serving.restart, serving.logs, serving.debug), which the benchmark function dispatches to the node agent;
   # ticks go by purpose. The push subscriptions' filters are rendered from the routing table
   # (shared/messages/routing.py) into routes.json, function -> trigger -> filter ("" for none), by
   # scripts/render_routes.py; they use the subset of the Pub/Sub filter language the local bus also
@@ -116,6 +118,43 @@ resource "google_storage_bucket" "sources" {
   lifecycle_rule {
     condition {
       days_since_noncurrent_time = 30
+    }
+    action {
+      type = "Delete"
+    }
+  }
+}
+
+# --- debug bundles: what a node keeps of a sick engine before it is restarted ----------------------------
+
+# Written by the node agents (objectCreator under debug-bundles/ only: a VM can add a bundle but never read,
+# replace or delete one), read by the gateway's users; deleted after var.debug_bundle_retention_days.
+resource "google_storage_bucket" "debug_bundles" {
+  #checkov:skip=CKV_GCP_62:Bundles are written once by TPU VMs and read by operators; access is audited by Cloud Audit Logs.
+  project                     = local.project_id
+  name                        = "${var.project_id}-${var.name_prefix}-debug-bundles"
+  location                    = upper(var.region)
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true
+  labels                      = merge(local.labels, { component = "debug-bundles" })
+
+  versioning {
+    enabled = true
+  }
+
+  lifecycle_rule {
+    condition {
+      age = var.debug_bundle_retention_days
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  lifecycle_rule {
+    condition {
+      days_since_noncurrent_time = 1
     }
     action {
       type = "Delete"
@@ -308,14 +347,15 @@ module "network" {
 module "identities" {
   source = "../../modules/identities"
 
-  project_id         = local.project_id
-  name_prefix        = var.name_prefix
-  commands_topic     = local.topic_ids.commands
-  events_topic       = local.topic_ids.events
-  node_tasks_topic   = local.topic_ids.node_tasks
-  source_bucket      = google_storage_bucket.sources.name
-  gateway_principals = var.gateway_principals
-  tpu_vm_users       = { provision = module.provision.service_account_member }
+  project_id          = local.project_id
+  name_prefix         = var.name_prefix
+  commands_topic      = local.topic_ids.commands
+  events_topic        = local.topic_ids.events
+  node_tasks_topic    = local.topic_ids.node_tasks
+  source_bucket       = google_storage_bucket.sources.name
+  debug_bundle_bucket = google_storage_bucket.debug_bundles.name
+  gateway_principals  = var.gateway_principals
+  tpu_vm_users        = { provision = module.provision.service_account_member }
   # The provisioner opens each deployment's node channel and grants the TPU VM account subscriber on it.
   node_channel_managers = { provision = module.provision.service_account_member }
 }

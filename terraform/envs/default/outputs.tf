@@ -12,7 +12,14 @@ output "gateway_environment" {
     TPUCTL_VLLM_API_KEY_SECRET = local.function_environment.TPUCTL_VLLM_API_KEY_SECRET
     # A workstation is outside the VPC: live calls go through an IAP tunnel when the firewall admits IAP.
     TPUCTL_ENDPOINT_ACCESS = var.allow_iap_vllm ? "iap" : "direct"
+    # tpu_debug_bundle reads the bundles node agents keep here.
+    TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
   }, local.node_agent_environment)
+}
+
+output "debug_bundle_bucket" {
+  description = "Bucket the node agents keep debug bundles in (debug-bundles/<deployment>/<task>.json)."
+  value       = google_storage_bucket.debug_bundles.name
 }
 
 output "functions" {

@@ -223,3 +223,14 @@ variable "node_agent_bundle" {
     error_message = "node_agent_bundle: give the .tar.gz that make package wrote under build/node-agent/, or null."
   }
 }
+
+variable "debug_bundle_retention_days" {
+  description = "Days a debug bundle (kept by a node before each engine restart, or on request) stays in its bucket."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.debug_bundle_retention_days >= 1 && var.debug_bundle_retention_days <= 365
+    error_message = "debug_bundle_retention_days: use a whole number of days from 1 to 365."
+  }
+}

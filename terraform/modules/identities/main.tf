@@ -46,6 +46,30 @@ resource "google_storage_bucket_iam_member" "tpu_vm_bundle_reader" {
   }
 }
 
+# Debug bundles (shared/domain/debug_bundle.py): a VM may create objects under debug-bundles/ and nothing
+# else. objectCreator cannot read, overwrite or delete, so a hostile VM can neither read another
+# deployment's bundle nor change one already kept; the controller links a task only to the one name that
+# task may have. The gateway's users read them (tpu_debug_bundle).
+resource "google_storage_bucket_iam_member" "tpu_vm_debug_bundle_writer" {
+  bucket = var.debug_bundle_bucket
+  role   = "roles/storage.objectCreator"
+  member = "serviceAccount:${google_service_account.tpu_vm.email}"
+
+  condition {
+    title       = "debug-bundles-only"
+    description = "Only objects under debug-bundles/."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${var.debug_bundle_bucket}/objects/debug-bundles/\")"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "gateway_debug_bundle_reader" {
+  for_each = var.gateway_principals
+
+  bucket = var.debug_bundle_bucket
+  role   = "roles/storage.objectViewer"
+  member = each.value
+}
+
 # Node channels (shared/adapters/node_channels.py). The controller opens each deployment's channel,
 # the subscription tpuctl-node-<deployment> on the node-tasks topic filtered on
 # attributes.deployment_id, before it creates the deployment's node; grants the TPU VM account

@@ -29,6 +29,11 @@ variable "source_bucket" {
   type        = string
 }
 
+variable "debug_bundle_bucket" {
+  description = "Bucket the TPU VMs write debug bundles to (under debug-bundles/) and the gateway's users read."
+  type        = string
+}
+
 variable "node_channel_managers" {
   description = "IAM members that open and close node channels (the provision function), keyed by a static name."
   type        = map(string)
