@@ -88,6 +88,7 @@ class DemoSpec:
     hedge: int = 2
     valid_until_minutes: int | None = 15
     budget_usd: float = 80.0
+    kv_cache_dtype: str | None = None  # None: the preset's default
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,8 @@ class LocalDemo:
             "budget_usd": spec.budget_usd,
             "valid_until_minutes": spec.valid_until_minutes,
         }
+        if spec.kv_cache_dtype:
+            arguments["kv_cache_dtype"] = spec.kv_cache_dtype
         accepted = self.gateway.create_deployment(**arguments)
         self._keep("create_deployment", accepted)
         self.command_ids.append(accepted.command_id)

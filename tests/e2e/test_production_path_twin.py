@@ -5,9 +5,9 @@ Manager, Cloud Scheduler, Cloud TPU, Billing Catalog clients) against the Firest
 simulator and the local stand-ins; every TPU VM boots from its rendered startup script in a VM twin. One story:
 deploy, SERVING, a query, a benchmark written back by the node agent the script installed from the Cloud Storage
 bundle, vLLM's lines in Cloud Logging with the severities parsed from vLLM's format (read back by
-``tpu_get_logs``), a frozen engine called STALLED and restarted by the monitor after the node kept a debug bundle
-of it in Cloud Storage, ``serving.restart`` (a new vLLM process), a log tail, delete, zero orphans and no secret
-anywhere.
+``tpu_get_logs``), the plan's fp8 KV cache found running in the weights' dtype, a frozen engine called STALLED
+and restarted by the monitor after the node kept a debug bundle of it in Cloud Storage, ``serving.restart`` (a
+new vLLM process), a log tail, delete, zero orphans and no secret anywhere.
 
 Skipped with the reason where the emulators (google-cloud-cli), the vLLM CPU tier or namespaces are missing.
 """
@@ -40,7 +40,16 @@ from shared.messages import NodeBooted, RestartServing, encode_message, message_
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
 
-SPEC = DemoSpec(deployment_id="twin-gemma", zones=("us-east5-a",), tiers=("spot",), hedge=1, valid_until_minutes=None)
+# fp8 KV planned; the twin's image runs vLLM without the KV dtype flag (a CPU build of the TPU argv, as the published
+# TPU run whose banner said fp8 while it allocated bf16), so the engine runs the weights' dtype: a finding.
+SPEC = DemoSpec(
+    deployment_id="twin-gemma",
+    zones=("us-east5-a",),
+    tiers=("spot",),
+    hedge=1,
+    valid_until_minutes=None,
+    kv_cache_dtype="fp8",
+)
 STEP_TIMEOUT_S = 240.0
 
 
@@ -112,6 +121,24 @@ def _a_vm_can_report_about_itself_but_never_command(cloud: LocalCloud, vm: TwinV
     record = cloud.store.get_deployment(SPEC.deployment_id)
     assert record is not None and record.status.node_system.get("node") != "intruder"
     assert vm.view().vllm_pid == before_pid, "vLLM was not restarted"
+
+
+def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: LocalDemo) -> None:
+    """What vLLM reports in ``vllm:cache_config_info`` is diffed against the plan: fp8 asked, the weights' dtype
+    served. The finding names both and reaches the dashboard."""
+    deadline = time.monotonic() + 60
+    finding = None
+    while time.monotonic() < deadline and finding is None:
+        record = cloud.store.get_deployment(SPEC.deployment_id)
+        assert record is not None
+        finding = next((text for text in record.status.findings if text.startswith("effective config")), None)
+        time.sleep(1)
+    assert finding is not None, "no effective-config finding for a plan of fp8 KV served in bf16"
+    assert "planned fp8 KV cache" in finding and "vLLM runs auto" in finding, finding
+    gateway = demo.gateway
+    assert isinstance(gateway, GatewayCore)
+    shown = gateway.get_deployment(SPEC.deployment_id).findings
+    assert any("planned fp8 KV cache" in text for text in shown), shown
 
 
 def _engine_core_host_pid() -> int:
@@ -225,6 +252,7 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     demo.deploy()
     demo.wait_until_serving(STEP_TIMEOUT_S)
     assert demo.ask(max_tokens=8).completion_tokens
+    _the_planned_fp8_kv_cache_is_found_running_bf16(cloud, demo)
 
     assert cloud.fleet is not None
     vm = cloud.fleet.vms()[0]
