@@ -58,7 +58,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen.generator import LoadGenerator, Target
 from node_agent.answers import TASK_ACTIONS, TaskAnswer, fit_lines, shrink_result
-from node_agent.bundle_keeper import BundleKeeper, KeptBundle
+from node_agent.bundle_keeper import BundleKeeper, KeptBundle, metadata_base_url
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from node_agent.log_lines import clean_log_line
 from node_agent.system_info import boot_id, system_info
@@ -677,8 +677,7 @@ def read_event_key(
     The metadata server answers only the VM it runs for, so the key names this node's deployment alone."""
     import httpx
 
-    host = metadata_host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-    url = f"http://{host}/computeMetadata/v1/instance/attributes/{EVENT_KEY_METADATA}"
+    url = f"{metadata_base_url(metadata_host)}/instance/attributes/{EVENT_KEY_METADATA}"
     for attempt in range(attempts):
         try:
             answer = httpx.get(url, headers={"Metadata-Flavor": "Google"}, timeout=timeout_s)

@@ -22,7 +22,7 @@ from shared.ports import Clock, DebugBundles, ServingContainer
 if TYPE_CHECKING:
     from shared.wiring import Runtime
 
-__all__ = ["BundleKeeper", "KeptBundle", "node_bundle_keeper"]
+__all__ = ["BundleKeeper", "KeptBundle", "metadata_base_url", "node_bundle_keeper"]
 
 log = logging.getLogger("tpuctl.node_agent")
 
@@ -96,14 +96,19 @@ def node_bundle_keeper(
     """The keeper ``python -m node_agent.agent`` runs with: its deployment's bucket written as the VM, py-spy
     from the bundle, and the VM's metadata server for the boot's guest attributes (none off Google Cloud)."""
     settings = runtime.settings
-    metadata = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")  # as google-auth reads it
     sources = ForensicsSources(
         container=container,
         vllm_url=vllm_url,
         api_key=api_key,
-        metadata_url=f"http://{metadata}/computeMetadata/v1" if settings.backend == "gcp" else None,
+        metadata_url=metadata_base_url() if settings.backend == "gcp" else None,
         py_spy=find_py_spy(),
     )
     return BundleKeeper(
         sources, runtime.debug_bundles(as_node=True), deployment_id=deployment_id, node=node, clock=runtime.clock
     )
+
+
+def metadata_base_url(host: str | None = None) -> str:
+    """The VM's metadata server, ``GCE_METADATA_HOST`` first as google-auth reads it (the VM twin sets it)."""
+    host = host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    return f"http://{host}/computeMetadata/v1"

@@ -9,7 +9,6 @@ bundle holds; what was left out is listed in ``trimmed``.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -28,6 +27,7 @@ from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import DebugBundleView, DebugProcessView, DebugThreadView
 from shared.domain.debug_bundle import BUNDLE_VERSION, MAX_BUNDLE_BYTES, is_bundle_of
 from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.metrics import GAUGE_SAMPLES, snapshot_from_samples
 from shared.domain.models import NodeTask
 from shared.domain.node_task_rules import as_read, no_node_reason
 from shared.logging import scrub_untrusted
@@ -60,12 +60,13 @@ _MAX_METRIC_LINES = 20_000
 _MAX_VIEW_CHARS = 56_000  # the view's JSON; text JSON escapes heavily (quotes, backslashes) may need more cuts
 
 # vLLM gauges shown from the /metrics snapshot: the name in the view, and how series of several engines combine.
-_GAUGES: dict[str, tuple[str, Callable[[float, float], float]]] = {
-    "vllm:num_requests_running": ("num_requests_running", lambda a, b: a + b),
-    "vllm:num_requests_waiting": ("num_requests_waiting", lambda a, b: a + b),
-    "vllm:kv_cache_usage_perc": ("kv_cache_usage_perc", max),
-    "vllm:gpu_cache_usage_perc": ("kv_cache_usage_perc", max),
+# The monitor's gauges (``shared.domain.metrics.GAUGE_SAMPLES``, legacy names included) under vLLM's own names.
+_GAUGE_NAMES = {
+    "running": "num_requests_running",
+    "waiting": "num_requests_waiting",
+    "kv_cache_usage": "kv_cache_usage_perc",
 }
+_GAUGE_SERIES = frozenset(name for names in GAUGE_SAMPLES.values() for name in names)
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
@@ -465,21 +466,18 @@ def _notes(bundle: dict[str, Any], notes: list[str]) -> list[str]:
 
 
 def metric_gauges(text: Any) -> dict[str, float]:
-    """The key vLLM gauges of a Prometheus text page, read leniently: series of several engines are added
-    (requests) or their maximum taken (cache usage); lines that do not parse are skipped."""
+    """The key vLLM gauges of a Prometheus text page, read leniently (lines that do not parse are skipped) and
+    reduced as the monitor reduces a scrape: several engines' requests added, the worst cache usage taken."""
     if not isinstance(text, str):
         return {}
-    found: dict[str, float] = {}
+    samples: list[tuple[str, dict[str, str], float]] = []
     for line in text.splitlines()[:_MAX_METRIC_LINES]:
         match = _SAMPLE.match(line.strip())
-        if match is None or match[1] not in _GAUGES:
+        if match is None or match[1] not in _GAUGE_SERIES:
             continue
         try:
-            value = float(match[2])
+            samples.append((match[1], {}, float(match[2])))
         except ValueError:
             continue
-        if not math.isfinite(value):
-            continue
-        name, combine = _GAUGES[match[1]]
-        found[name] = round(combine(found[name], value) if name in found else value, 6)
-    return found
+    gauges = snapshot_from_samples(samples).gauges
+    return {_GAUGE_NAMES[short]: round(value, 6) for short, value in gauges.items() if short in _GAUGE_NAMES}
