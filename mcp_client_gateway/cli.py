@@ -141,6 +141,7 @@ def _wait(core: GatewayCore, command_id: str, out: Output, timeout_s: float, pol
             status_ctx.__exit__(None, None, None)
     out.data(view, render_operation)
     failed = view.status in ("rejected", "failed") or view.phase == "FAILED" or view.benchmark_status == "failed"
+    failed = failed or view.superseded
     failed = failed or (view.node_task is not None and view.node_task.status == "failed")
     return EXIT_FAILED if failed else EXIT_OK
 

@@ -324,6 +324,9 @@ class OperationView(_View):
     )
     outcome: str = ""
     done: bool = Field(description="True when nothing more will happen for this command.")
+    superseded: bool = Field(
+        default=False, description="True when it ended short of its target: the deployment was deleted or stopped."
+    )
     stage: str = Field(description="Human-readable progress, e.g. 'Waiting for capacity (us-east5-b, flex_start)'.")
     phase: str | None = None
     elapsed_s: float | None = None

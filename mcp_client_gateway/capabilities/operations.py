@@ -202,6 +202,7 @@ class Operations:
         ended = _ended_under(kind, record, status)
         if ended is not None:
             view.done = True
+            view.superseded = ended != "Deleted"
             view.stage = ended
             if ended != "Deleted":
                 view.next_step = "See tpu_get_deployment for what is left; create or start it again if you want it."

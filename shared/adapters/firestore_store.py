@@ -8,7 +8,9 @@ Documents are the pydantic records as native maps; datetimes are Firestore times
 
 Concurrency: compare-and-set, fences and leases run in one ``@firestore.transactional`` read-modify-write with
 ``max_attempts`` raised to 30 (production retries optimistic conflicts; the emulator locks pessimistically and
-times locks out, docs/reference/gcp-local.md §3.1). Create-if-absent uses ``document.create()`` (fails with
+times locks out, docs/reference/gcp-local.md §3.1). Each retry first waits a jittered, growing pause: the client
+retries at once, so two writers aborted together by the emulator would otherwise retry in lockstep and keep
+aborting each other until both run out of attempts. Create-if-absent uses ``document.create()`` (fails with
 AlreadyExists).
 
 Errors: a transaction that keeps losing becomes ``ConflictError``; unavailable, deadline, internal and
@@ -21,7 +23,9 @@ The emulator does not enforce them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -73,6 +77,9 @@ COLLECTIONS = (
     "rejected",
 )
 TRANSACTION_MAX_ATTEMPTS = 30
+RETRY_PAUSE_BASE_S = 0.05
+RETRY_PAUSE_MAX_S = 2.0
+ResultT = TypeVar("ResultT")
 
 
 # Answers that say "not now" rather than "never": the message is redelivered and the write tried again.
@@ -129,8 +136,21 @@ class FirestoreStateStore:
     def _collection(self, name: str) -> firestore.CollectionReference:
         return self._client.collection(f"{self.prefix}{name}")
 
-    def _transaction(self) -> firestore.Transaction:
-        return self._client.transaction(max_attempts=TRANSACTION_MAX_ATTEMPTS)
+    def _in_transaction(self, what: str, body: Callable[[firestore.Transaction], ResultT]) -> ResultT:
+        """Run ``body`` as one read-modify-write, retried with jittered backoff; errors mapped for ``what``."""
+        attempts = 0
+
+        @firestore.transactional
+        def attempt(transaction: firestore.Transaction) -> ResultT:
+            nonlocal attempts
+            if attempts:  # before any read, so no lock is held while waiting
+                time.sleep(random.uniform(0, min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_BASE_S * 2**attempts)))
+            attempts += 1
+            return body(transaction)
+
+        with mapped_firestore_errors(what):
+            result: ResultT = attempt(self._client.transaction(max_attempts=TRANSACTION_MAX_ATTEMPTS))
+        return result
 
     # Deployments
 
@@ -154,7 +174,6 @@ class FirestoreStateStore:
             self._collection("leases").document(_document_id("fence.lease_name", fence.lease_name)) if fence else None
         )
 
-        @firestore.transactional
         def write(transaction: firestore.Transaction) -> DeploymentRecord:
             if fence is not None and lease_ref is not None:
                 lease = _snapshot_model(Lease, lease_ref.get(transaction=transaction))
@@ -166,9 +185,7 @@ class FirestoreStateStore:
             transaction.set(ref, to_document(stored))
             return stored
 
-        with mapped_firestore_errors("put_deployment"):
-            result: DeploymentRecord = write(self._transaction())
-        return result
+        return self._in_transaction("put_deployment", write)
 
     # Command ledger
 
@@ -221,30 +238,25 @@ class FirestoreStateStore:
         next_lease(None, name, holder, ttl_s, now)  # validate the arguments before starting a transaction
         ref = self._collection("leases").document(_document_id("name", name))
 
-        @firestore.transactional
         def acquire(transaction: firestore.Transaction) -> Lease | None:
             lease = next_lease(_snapshot_model(Lease, ref.get(transaction=transaction)), name, holder, ttl_s, now)
             if lease is not None:
                 transaction.set(ref, to_document(lease))
             return lease
 
-        with mapped_firestore_errors("acquire_lease"):
-            result: Lease | None = acquire(self._transaction())
-        return result
+        return self._in_transaction("acquire_lease", acquire)
 
     def release_lease(self, name: str, holder: str, epoch: int) -> None:
         """Give the lease up if ``holder`` still has it at ``epoch``; otherwise do nothing (it already moved on)."""
         ref = self._collection("leases").document(_document_id("name", name))
 
-        @firestore.transactional
         def release(transaction: firestore.Transaction) -> None:
             current = _snapshot_model(Lease, ref.get(transaction=transaction))
             after = released(current, holder, epoch) if current is not None else None
             if after is not None:
                 transaction.set(ref, to_document(after))
 
-        with mapped_firestore_errors("release_lease"):
-            release(self._transaction())
+        self._in_transaction("release_lease", release)
 
     # Monitor samples
 
@@ -346,7 +358,6 @@ class FirestoreStateStore:
         """Replace a stored task (only while its status is ``expected_status``, when given), in one transaction."""
         ref = self._collection("node_tasks").document(_document_id("task_id", task.task_id))
 
-        @firestore.transactional
         def update(transaction: firestore.Transaction) -> bool:
             snapshot = ref.get(transaction=transaction)
             if not snapshot.exists:
@@ -356,9 +367,7 @@ class FirestoreStateStore:
             transaction.set(ref, to_document(task))
             return True
 
-        with mapped_firestore_errors("update_node_task"):
-            written: bool = update(self._transaction())
-        return written
+        return self._in_transaction("update_node_task", update)
 
     def get_node_task(self, task_id: str) -> NodeTask | None:
         ref = self._collection("node_tasks").document(_document_id("task_id", task_id))

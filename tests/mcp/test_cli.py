@@ -79,6 +79,7 @@ class TestDeploy:
         def controller() -> None:
             time.sleep(0.2)
             (message,) = world.published()
+            world.seed("gemma-a", phase=Phase.SEARCHING)  # as the controller: the record, then the verdict
             world.store.record_command(
                 CommandRecord(
                     command_id=message.command_id,
@@ -88,7 +89,6 @@ class TestDeploy:
                     received_at=world.core.ports.clock.now(),
                 )
             )
-            world.seed("gemma-a", phase=Phase.SEARCHING)
             time.sleep(0.2)
             world.seed("gemma-a", phase=Phase.SERVING, endpoint="http://10.0.0.5:8000")
 
@@ -104,6 +104,7 @@ class TestDeploy:
         def controller() -> None:
             time.sleep(0.1)
             (message,) = world.published()
+            world.seed("gemma-a", phase=Phase.FAILED)
             world.store.record_command(
                 CommandRecord(
                     command_id=message.command_id,
@@ -113,13 +114,33 @@ class TestDeploy:
                     received_at=world.core.ports.clock.now(),
                 )
             )
-            world.seed("gemma-a", phase=Phase.FAILED)
 
         worker = threading.Thread(target=controller)
         worker.start()
         outcome = tpuctl(world, *DEPLOY, "--wait", "--timeout", "10", "--poll-seconds", "0.05")
         worker.join()
         assert outcome.code == EXIT_FAILED
+
+    def test_wait_exits_5_when_the_deployment_is_gone_before_it_served(self, world: GatewayWorld) -> None:
+        def controller() -> None:
+            time.sleep(0.1)
+            (message,) = world.published()  # applied, then deleted (TTL, budget, janitor) before it served
+            world.store.record_command(
+                CommandRecord(
+                    command_id=message.command_id,
+                    kind=message.kind,
+                    deployment_id="gemma-a",
+                    status="applied",
+                    received_at=world.core.ports.clock.now(),
+                )
+            )
+
+        worker = threading.Thread(target=controller)
+        worker.start()
+        outcome = tpuctl(world, *DEPLOY, "--wait", "--timeout", "10", "--poll-seconds", "0.05")
+        worker.join()
+        assert outcome.code == EXIT_FAILED
+        assert "Superseded: the deployment no longer exists" in outcome.stdout + outcome.stderr
 
     def test_wait_exits_6_on_timeout_and_says_how_to_follow_up(self, world: GatewayWorld) -> None:
         outcome = tpuctl(world, *DEPLOY, "--wait", "--timeout", "0.2", "--poll-seconds", "0.05")

@@ -35,7 +35,7 @@ def test_a_ttl_teardown_under_a_pending_create_or_start_ends_the_operation(world
     assert world.core.get_operation(COMMAND).done is False
     set_status(world, Phase.DELETING, "ttl of 2 h reached: waiting for 1 resource(s) to be gone")
     deleting = world.core.get_operation(COMMAND)
-    assert deleting.done is True
+    assert deleting.done is True and deleting.superseded is True
     verb = kind.split(".")[1]
     expected = f"Superseded: the deployment is being deleted (ttl of 2 h reached) before this {verb} finished"
     assert deleting.stage == expected
@@ -64,7 +64,7 @@ def test_a_stop_under_a_pending_create_ends_it(world: GatewayWorld) -> None:
 def test_a_removed_record_ends_an_applied_create(world: GatewayWorld) -> None:
     applied(world, "deployment.create", deployment_id="gone-a")
     view = world.core.get_operation(COMMAND)
-    assert view.done is True and "no longer exists" in view.stage
+    assert view.done is True and view.superseded is True and "no longer exists" in view.stage
 
 
 def test_a_pending_create_still_polls_and_a_delete_still_finishes(world: GatewayWorld) -> None:
@@ -72,4 +72,5 @@ def test_a_pending_create_still_polls_and_a_delete_still_finishes(world: Gateway
     world.seed("gemma-a", phase=Phase.BOOTING)
     assert world.core.get_operation(COMMAND).done is False
     world.seed("gemma-a", phase=Phase.SERVING)
-    assert world.core.get_operation(COMMAND).done is True
+    served = world.core.get_operation(COMMAND)
+    assert served.done is True and served.superseded is False
