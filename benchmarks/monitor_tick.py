@@ -12,6 +12,11 @@ Run: ``.venv/bin/python -m benchmarks.monitor_tick [--deployments 200] [--repeat
 * Import: a fresh interpreter importing ``functions.monitor.main`` (the Cloud Function's cold start), the same
   plus building the monitor from the wiring (what the first tick pays on top), and the service + probe alone.
 
+* ``--telemetry``: every deployment also has an ACTIVE node whose guest attributes hold a fresh TPU reading (four
+  chips, as the node agent writes it), read through a stand-in of the TPU port that waits ``--guest-read-ms`` per
+  call (the Cloud TPU API's round trip; the monitor reads one node at a time, at most
+  ``telemetry_reads_per_tick`` serving nodes per tick).
+
 Targets (issue 5): tick under 2 s on 2 cores, one batched write per tick, parse under 5 ms, import under 800 ms.
 """
 
@@ -35,7 +40,18 @@ from shared.adapters.clock import ManualClock
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe, parse_metrics
-from shared.domain.models import DeploymentRecord, DeploymentSpec, DeploymentStatus, MonitorSample, Phase
+from shared.domain.boot_progress import GuestAttribute
+from shared.domain.models import (
+    DeploymentRecord,
+    DeploymentSpec,
+    DeploymentStatus,
+    MonitorSample,
+    Phase,
+    QueuedResourceState,
+    ResourceRef,
+    Tier,
+)
+from shared.domain.tpu_telemetry import ChipReading, TpuTelemetry, encode
 from shared.services.monitor import Monitor, MonitorSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +78,19 @@ class CountingStore(SqliteStateStore):
     def reset_counts(self) -> None:
         self.sample_batches = 0
         self.record_writes = 0
+
+
+class TelemetryTpu:
+    """The TPU port's guest-attribute read, answering every node with a fresh four-chip reading after a delay."""
+
+    def __init__(self, clock: ManualClock, read_s: float) -> None:
+        self.clock, self.read_s, self.reads = clock, read_s, 0
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
+        self.reads += 1
+        time.sleep(self.read_s)
+        chips = tuple(ChipReading(i, (20 + i) << 30, 32 << 30, 60.0 + i, 30.0) for i in range(4))
+        return [GuestAttribute("tpuctl", "telemetry", encode(TpuTelemetry(self.clock.now(), chips)))]
 
 
 def bench_parse(repeats: int) -> dict[str, float]:
@@ -98,7 +127,45 @@ def bench_import(statement: str, repeats: int) -> dict[str, float]:
     return {"median_ms": statistics.median(times), "min_ms": times[0], "max_ms": times[-1]}
 
 
-def bench_tick(deployments: int, repeats: int, concurrency: int) -> dict[str, Any]:
+def _resources(name: str, telemetry: bool) -> list[ResourceRef]:
+    if not telemetry:
+        return []
+    return [
+        ResourceRef(
+            name=f"{name}-node",
+            zone="us-east5-b",
+            tier=Tier.SPOT,
+            generation=1,
+            attempt=0,
+            state=QueuedResourceState.ACTIVE,
+        )
+    ]
+
+
+def _seed(store: SqliteStateStore, deployments: int, port: int, telemetry: bool) -> None:
+    """N BOOTING deployments, each a path prefix on the replay endpoint (with an ACTIVE node for telemetry)."""
+    for index in range(deployments):
+        name = f"bench-{index:04d}"
+        store.put_deployment(
+            DeploymentRecord(
+                deployment_id=name,
+                spec=DeploymentSpec(deployment_id=name, model="tiny-llama", accelerator="v6e-1", zones=("us-east5-b",)),
+                status=DeploymentStatus(
+                    phase=Phase.BOOTING,
+                    phase_since=T0,
+                    endpoint=f"http://127.0.0.1:{port}/d/{name}",
+                    resources=_resources(name, telemetry),
+                ),
+                created_at=T0,
+                updated_at=T0,
+            ),
+            expected_version=None,
+        )
+
+
+def bench_tick(
+    deployments: int, repeats: int, concurrency: int, telemetry: bool = False, guest_read_s: float = 0.0
+) -> dict[str, Any]:
     replay = subprocess.Popen(
         [sys.executable, "-m", "tests.support.vllm_replay"],
         cwd=REPO,
@@ -117,23 +184,9 @@ def bench_tick(deployments: int, repeats: int, concurrency: int) -> dict[str, An
             for topic in (settings.topic_commands, settings.topic_events, settings.topic_ticks):
                 bus.ensure_topic(topic)
                 bus.ensure_subscription(topic, topic + "-sink")
-            for index in range(deployments):
-                name = f"bench-{index:04d}"
-                store.put_deployment(
-                    DeploymentRecord(
-                        deployment_id=name,
-                        spec=DeploymentSpec(
-                            deployment_id=name, model="tiny-llama", accelerator="v6e-1", zones=("us-east5-b",)
-                        ),
-                        status=DeploymentStatus(
-                            phase=Phase.BOOTING, phase_since=T0, endpoint=f"http://127.0.0.1:{port}/d/{name}"
-                        ),
-                        created_at=T0,
-                        updated_at=T0,
-                    ),
-                    expected_version=None,
-                )
-            monitor = Monitor(store, VllmProbe(timeout_s=5.0), bus, clock, settings)
+            _seed(store, deployments, port, telemetry)
+            tpu = TelemetryTpu(clock, guest_read_s) if telemetry else None
+            monitor = Monitor(store, VllmProbe(timeout_s=5.0), bus, clock, settings, tpu=tpu)  # type: ignore[arg-type]
             rows = []
             for index in range(repeats + 1):
                 clock.advance(60)
@@ -154,11 +207,17 @@ def bench_tick(deployments: int, repeats: int, concurrency: int) -> dict[str, An
                         "samples": report.samples_written,
                         "record_writes": store.record_writes,
                         "published": len(report.published),
+                        "guest_reads": tpu.reads if tpu is not None else 0,
                     }
                 )
+            with_tpu = sum(
+                1
+                for index in range(deployments)
+                if "tpu_hbm_used_frac_max" in store.list_samples(f"bench-{index:04d}", since=T0, limit=1)[0].slis
+            )
             bus.close()
             store.close()
-        return {"deployments": deployments, "concurrency": concurrency, "ticks": rows}
+        return {"deployments": deployments, "concurrency": concurrency, "ticks": rows, "with_tpu_slis": with_tpu}
     finally:
         if replay.stdin is not None:
             replay.stdin.close()
@@ -174,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployments", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="Steady-state ticks after the first one.")
     parser.add_argument("--concurrency", type=int, default=MonitorSettings().max_concurrency)
+    parser.add_argument("--telemetry", action="store_true", help="Serving nodes carry TPU telemetry to read.")
+    parser.add_argument("--guest-read-ms", type=float, default=0.0, help="Per guest-attribute read (--telemetry).")
     args = parser.parse_args(argv)
 
     parse = bench_parse(300)
@@ -195,14 +256,16 @@ def main(argv: list[str] | None = None) -> int:
             f"cold {label}: median {imported['median_ms']:.0f} ms "
             f"(min {imported['min_ms']:.0f}, max {imported['max_ms']:.0f})"
         )
-    tick = bench_tick(args.deployments, args.repeats, args.concurrency)
+    tick = bench_tick(args.deployments, args.repeats, args.concurrency, args.telemetry, args.guest_read_ms / 1000)
     print(f"tick over {tick['deployments']} deployments, probe concurrency {tick['concurrency']}:")
     for row in tick["ticks"]:
         print(
             f"  {row['tick']:<26} wall {row['wall_s']:.2f} s, monitor CPU {row['cpu_s']:.2f} s, "
             f"ok {row['probed_ok']}, {row['samples']} samples in {row['sample_batches']} batch(es), "
-            f"{row['record_writes']} record write(s), {row['published']} message(s)"
+            f"{row['record_writes']} record write(s), {row['published']} message(s), "
+            f"{row['guest_reads']} guest-attribute read(s) so far"
         )
+    print(f"  deployments whose latest sample has TPU telemetry: {tick['with_tpu_slis']}")
     steady = [row["wall_s"] for row in tick["ticks"][1:]]
     if steady:
         print(f"  steady wall: median {statistics.median(steady):.2f} s, min {min(steady):.2f} s")

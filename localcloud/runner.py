@@ -81,7 +81,8 @@ RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
 NAME_PREFIX = "tpuctl"
 DEBUG_BUNDLE_BUCKET = f"{NAME_PREFIX}-debug-bundles"  # as Terraform's, in the Storage stand-in
 MAX_DELIVERY_ATTEMPTS = 5
-_SCALED_LIMITS = ("lease_ttl_s", "max_event_age_s", "command_claim_s", "node_task_timeout_s")  # _scaled_limits
+_SCALED_LIMITS: tuple[str, ...] = ("lease_ttl_s", "max_event_age_s", "command_claim_s", "node_task_timeout_s")
+_SCALED_LIMITS += ("monitor_telemetry_max_age_s",)  # _scaled_limits: wall-clock lengths in virtual time
 _FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 _TWIN_SETTINGS: tuple[str, ...] = ("secretmanager_endpoint", "scheduler_endpoint", "logging_endpoint")
 _TWIN_SETTINGS += ("storage_endpoint", "debug_bundle_bucket")  # the twin clients' stand-in endpoints, bundle bucket
@@ -517,8 +518,7 @@ class LocalCloud:
     def _scaled_limits(self) -> dict[str, float]:
         """Limits that protect wall-clock things, stretched so they keep their wall-clock length."""
         scale = self.options.time_scale
-        # The Pub/Sub emulator stamps publish times on the wall clock, which virtual time leaves behind.
-        stale_wall_s = 24 * 3600.0 if self.uses_emulators else 600.0
+        stale_wall_s = 24 * 3600.0 if self.uses_emulators else 600.0  # the Pub/Sub emulator stamps wall time
         return {
             "lease_ttl_s": max(120.0, 30.0 * scale),  # a crashed reconciler's lease frees after 30 wall s
             "max_event_age_s": max(3600.0, stale_wall_s * scale),  # a command is stale after 10 wall min
@@ -526,6 +526,7 @@ class LocalCloud:
             # a VM twin boots vLLM on CPU in wall time (40-120 s here): DOWN only after 5 wall minutes of silence
             "boot_budget_s": min(86400.0, max(3600.0, 300.0 * scale)),
             "node_task_timeout_s": max(300.0, 120.0 * scale),  # a node's restart, with its debug bundle, in wall time
+            "monitor_telemetry_max_age_s": max(180.0, 180.0 * scale),  # the agent samples the TPU every 30 wall s
         }
 
     def _start_emulators(self) -> None:

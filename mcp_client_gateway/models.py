@@ -286,7 +286,8 @@ class DeploymentDetail(_View):
     attempts: list[AttemptView] = Field(description="The latest capacity-search steps, newest last (at most 20).")
     attempts_total: int
     slis: dict[str, float] = Field(
-        description="The stored SLIs; `headroom` is 1 - max(KV-cache use, running / max_num_seqs), 0 to 1."
+        description="The stored SLIs; `headroom` is 1 - max(KV-cache use, running / max_num_seqs), 0 to 1; "
+        "`tpu_*` come from the TPU itself (HBM use of the fullest chip, GiB in use, duty cycle %, HBM bandwidth %)."
     )
     findings: list[str] = Field(
         default_factory=list,

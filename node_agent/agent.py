@@ -31,7 +31,9 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
 
 7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
    (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
-   (``node_agent.log_shipper``).
+   (``node_agent.log_shipper``);
+8. samples the TPU's telemetry into the guest attribute ``tpuctl/telemetry`` and beside each benchmark result
+   (``node_agent.tpu_telemetry``).
 
 SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
 during the run"), publish that and exit. The API key is read from a file and never logged.
@@ -58,10 +60,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen.generator import LoadGenerator, Target
 from node_agent.answers import TASK_ACTIONS, TaskAnswer, fit_lines, shrink_result
-from node_agent.bundle_keeper import BundleKeeper, KeptBundle, metadata_base_url
+from node_agent.bundle_keeper import BundleKeeper, KeptBundle, metadata_base_url, node_bundle_keeper
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from node_agent.log_lines import clean_log_line
 from node_agent.system_info import boot_id, system_info
+from node_agent.tpu_telemetry import TelemetrySampler, start_sampler, tpu_result
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
@@ -134,6 +137,8 @@ class NodeAgentSettings(BaseSettings):
     node_log_flush_s: float = Field(
         default=5.0, gt=0, le=60, description="Longest a serving-log line waits before it is shipped."
     )
+    node_tpu_metrics_addr: str = Field(default="127.0.0.1:8431", description="libtpu's runtime metrics service.")
+    node_telemetry_interval_s: float = Field(default=30.0, gt=0, description="Seconds between TPU telemetry samples.")
 
 
 def node_subscription(deployment_id: str) -> str:
@@ -221,6 +226,7 @@ class NodeAgent:
         restart_timeout_s: float = 30.0,
         event_key: str | None = None,
         bundles: BundleKeeper | None = None,
+        telemetry: TelemetrySampler | None = None,
     ) -> None:
         self.bus = bus
         self.deployment_id = deployment_id
@@ -241,6 +247,7 @@ class NodeAgent:
         self.restart_timeout_s = restart_timeout_s
         self._api_key = api_key
         self.bundles = bundles  # None: restarts and serving.debug keep no bundle, and say so
+        self.telemetry = telemetry  # None: benchmark results carry no "tpu" summary
         self._event_key = event_key  # seals every event (shared.domain.node_seal); None: the controller refuses them
         self._serving = threading.Lock()  # held by a benchmark run and by a restart: never both at once
         self._work = threading.Event()  # set by the puller when a run was accepted
@@ -497,7 +504,8 @@ class NodeAgent:
     def _run(self, entry: JournalEntry) -> None:
         message = decode_message(entry.message)
         assert isinstance(message, RunBenchmark)
-        self.journal.mark_running(entry.run_id, self._now(), os.getpid())
+        started = self.clock.now()
+        self.journal.mark_running(entry.run_id, started.isoformat(), os.getpid())
         control = RunControl()
         self.control = control
         log.info("running %s", entry.run_id)
@@ -522,6 +530,7 @@ class NodeAgent:
             for line in outcome.records:
                 out.write(line + "\n")
         result = {**outcome.result, "node": self._node_summary(), "records_file": str(records_file)}
+        result.update(tpu_result(self.telemetry, started, self.clock))
         result_file.write_text(json.dumps(result), encoding="utf-8")
         if outcome.cancelled or control.stopping.is_set():
             error = f"stopped during the run: {control.reason or 'stop requested'}; partial result kept"
@@ -702,7 +711,6 @@ def read_event_key(
 def main() -> int:
     """Entry point of ``python -m node_agent.agent``."""
     from loadgen.datasets import find_tokenizer_file
-    from node_agent.bundle_keeper import node_bundle_keeper
     from shared.adapters.docker_engine import DockerEngineContainer
     from shared.config import get_settings
     from shared.domain.serving_key import deployment_api_key
@@ -724,6 +732,7 @@ def main() -> int:
     runtime = Runtime(settings)
     tokenizer = find_tokenizer_file(agent_settings.node_tokenizer) if agent_settings.node_tokenizer else None
     container = DockerEngineContainer(agent_settings.node_docker_host, agent_settings.node_container)
+    stop = threading.Event()
     bundles = node_bundle_keeper(
         runtime,
         container,
@@ -750,8 +759,8 @@ def main() -> int:
         restart_timeout_s=agent_settings.node_restart_timeout_s,
         event_key=event_key,
         bundles=bundles,
+        telemetry=start_sampler(agent_settings, runtime.clock, stop),  # TPU telemetry, on a thread of its own
     )
-    stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()

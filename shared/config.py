@@ -91,6 +91,12 @@ class Settings(BaseSettings):
         description="A deployment with no traffic for this long gets one canary completion (one token) at most "
         "this often; a failed one makes it DEGRADED. 0 turns canaries off.",
     )
+    monitor_telemetry_max_age_s: float = Field(
+        default=180.0,
+        gt=0,
+        le=86400 * 7,
+        description="A node agent's TPU telemetry reading older than this is left out of the monitor's sample.",
+    )
     lease_ttl_s: float = Field(default=120.0, gt=0, description="Reconciler lease length.")
     boot_budget_s: float | None = Field(
         default=None,

@@ -236,6 +236,7 @@ class Runtime:
         settings = MonitorSettings(
             sample_ttl_days=self.settings.sample_ttl_days,
             canary_interval_s=self.settings.monitor_canary_interval_s,
+            telemetry_max_age_s=self.settings.monitor_telemetry_max_age_s,
             topic_commands=self.settings.topic_commands,
             topic_events=self.settings.topic_events,
             topic_ticks=self.settings.topic_ticks,

@@ -5,11 +5,14 @@ Run by the vLLM-on-CPU venv's Python (it imports nothing from tpuctl). The start
 ``$TPUCTL_TWIN_MODEL_DIR`` (the served name stays the one the plan chose), the context is capped at
 ``$TPUCTL_TWIN_MAX_MODEL_LEN``, and flags only a TPU build understands are dropped. Every other flag (host,
 port, served name, parsers) passes through, and the API key arrives as the script gives it (``VLLM_API_KEY``).
+Where the container asks libtpu for its runtime metrics (``TPU_RUNTIME_METRICS_PORTS``), the twin's stand-in TPU
+(``localcloud.vm_twin.tpu_device``, run by the twin's own Python) serves them beside vLLM, as this process's child.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 # Flags with a value that a CPU build cannot honour (sharding, HBM share, TPU block sizes, TPU quantisation).
@@ -52,13 +55,32 @@ def cpu_argv(argv: list[str], model_dir: str, max_model_len: int) -> list[str]:
     return [*out, "--enforce-eager", "--distributed-executor-backend", "uni"]
 
 
+def start_tpu_device(argv: list[str]) -> subprocess.Popen[bytes] | None:
+    """The stand-in TPU's metrics service and device-file updater, in this container's network and process group;
+    it ends when this process does. None when the container did not ask for the metrics or the twin has no TPU."""
+    python, repo = os.environ.get("TPUCTL_TWIN_HOST_PYTHON"), os.environ.get("TPUCTL_TWIN_REPO")
+    device_file, ports = os.environ.get("TPUCTL_TWIN_TPU_DEVICE_FILE"), os.environ.get("TPU_RUNTIME_METRICS_PORTS")
+    if not (python and repo and device_file and ports):
+        return None
+    command = [python, "-m", "localcloud.vm_twin.tpu_device", "--device-file", device_file]
+    command += ["--parent-pid", str(os.getpid())]
+    command += ["--port", ports.split(",")[0], "--accelerator-type", os.environ.get("TPU_ACCELERATOR_TYPE", "")]
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}  # no API key
+    return subprocess.Popen([*command, "--", *argv], env={**env, "PYTHONPATH": repo}, stdin=subprocess.DEVNULL)
+
+
 def main() -> int:
     model_dir = os.environ["TPUCTL_TWIN_MODEL_DIR"]
     max_model_len = int(os.environ.get("TPUCTL_TWIN_MAX_MODEL_LEN", "512"))
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    tpu_device = start_tpu_device(sys.argv[1:])
     sys.argv = ["vllm", *cpu_argv(sys.argv[1:], model_dir, max_model_len)]
-    return int(vllm_main() or 0)
+    try:
+        return int(vllm_main() or 0)
+    finally:
+        if tpu_device is not None:
+            tpu_device.terminate()
 
 
 if __name__ == "__main__":

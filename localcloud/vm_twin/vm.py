@@ -34,6 +34,7 @@ from localcloud.vm_twin.docker_cli import inspect
 from localcloud.vm_twin.forward import Forwarder, tcp_listener, tcp_to, unix_listener, unix_to
 from localcloud.vm_twin.google_apis import GoogleApis
 from localcloud.vm_twin.metadata_server import GuestAttributes, MetadataServer, TokenIssuer, VmIdentity
+from localcloud.vm_twin.tpu_device import DEVICE_FILE
 from localcloud.vm_twin.vm_init import VmConfig
 
 __all__ = ["NodeView", "TwinVm", "VmFleet", "unshare_available"]
@@ -110,6 +111,11 @@ class TwinVm:
     @property
     def script_path(self) -> Path:
         return self.node_dir / "startup-script"
+
+    @property
+    def tpu_device_path(self) -> Path:
+        """The stand-in TPU's device file (``localcloud.vm_twin.tpu_device``): write it to inject a reading."""
+        return self.node_dir / DEVICE_FILE
 
     @property
     def console_path(self) -> Path:
@@ -327,6 +333,10 @@ class VmFleet:
                 **endpoints,  # last: the stand-ins as this VM reaches them, not as the controller does
                 "TPUCTL_NODE_NAME": f"{vm.zone}/{vm.node_id}",
                 "HF_ENDPOINT": "http://127.0.0.1:9",  # the Hub is out of the VM's reach: caches only
+                # The stand-in TPU beside the serving vLLM (image_vllm.start_tpu_device), run by this Python.
+                "TPUCTL_TWIN_HOST_PYTHON": sys.executable,
+                "TPUCTL_TWIN_REPO": str(REPO_ROOT),
+                "TPUCTL_TWIN_TPU_DEVICE_FILE": str(vm.tpu_device_path),
             },
             clock_endpoint=self._clock_endpoint,
             max_model_len=self._max_model_len,

@@ -60,6 +60,9 @@ SECRET_RESOURCE_PATTERN = re.compile(
 _SLOT = re.compile(r"@@[A-Z][A-Z0-9_]*@@")
 VALUES_START = "# ---- values (rendered; every value is shell-quoted) ----"
 VALUES_END = "# ---- end of values ----"
+TPU_METRICS_PORT = 8431  # libtpu's runtime metrics service in the serving process: what tpu-info and the agent read
+# First, so a launch's own env could still override it (docker keeps the last --env of a name).
+SERVING_CONTAINER_ENV = (("TPU_RUNTIME_METRICS_PORTS", str(TPU_METRICS_PORT)),)
 
 
 def secret_resource(project: str, secret: str, version: str = "latest") -> str:
@@ -166,9 +169,10 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "KEY_WRAPPER": _quote("key_wrapper", KEY_WRAPPER),
         "KEY_WRAPPER_NAME": _quote("key_wrapper", launch.command[-1]),
         "VLLM_ARGV": _words("argv", launch.argv),
-        "CONTAINER_ENV": _words("env", _env_flags("--env", "env", launch.env)),
+        "CONTAINER_ENV": _words("env", _env_flags("--env", "env", (*SERVING_CONTAINER_ENV, *launch.env))),
         "NODE_AGENT_ENV": _words("node_agent_env", _env_flags("--env", "node_agent_env", inputs.node_agent_env)),
         "LOG_PREFIX": BOOT_LOG_PREFIX,
+        "TPU_METRICS_PORT": str(TPU_METRICS_PORT),
     }
     script = _SLOT.sub(lambda match: values[match.group(0)[2:-2]], TEMPLATE)
     leftover = _SLOT.search(script)

@@ -75,9 +75,13 @@ readonly CONTAINER_SOCKET="${CONTAINER_SOCKET_DIR}/vllm.sock"
 readonly PROXY_CONTAINER=tpuctl-serving-proxy
 readonly PROXY_MODULE=node_agent.serving_proxy
 # vLLM binds its socket without removing a stale one: a restarted container (restart policy, serving.restart)
-# removes the last one first. "$0" is the socket path; the rest is the key wrapper and the vLLM argv.
+# removes the last one first. "$0" is the socket path; the rest is the key wrapper and the vLLM argv. Beside vLLM
+# runs the metrics relay (node_agent/metrics_relay.py, standard library only): libtpu serves its runtime metrics
+# on the container's own loopback, and the relay's socket next to vLLM's is how the node agent reads them.
+readonly TPU_METRICS_SOCKET="${CONTAINER_SOCKET_DIR}/tpu-metrics.sock"
 # shellcheck disable=SC2016  # "$0" and "$@" are for the container's /bin/sh, not for this shell
-readonly SOCKET_WRAPPER='rm -f -- "$0" && exec "$@"'
+readonly SOCKET_WRAPPER='rm -f -- "$0" && { python3 /opt/tpuctl/lib/node_agent/metrics_relay.py \
+  "${0%/*}/tpu-metrics.sock" @@TPU_METRICS_PORT@@ </dev/null >/dev/null 2>&1 & } && exec "$@"'
 # Runs inside the download container; the model id and revision arrive as argv words, never as code.
 readonly DOWNLOAD_PY='import sys
 from huggingface_hub import snapshot_download
@@ -309,6 +313,7 @@ start_vllm() {
     --restart unless-stopped --net=none --shm-size 16g --ulimit memlock=-1:-1 "${TPU_FLAGS[@]}" \
     -v /dev/shm:/dev/shm -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${VLLM_CACHE}:${CONTAINER_VLLM_CACHE}" \
     -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${SOCKET_DIR}:${CONTAINER_SOCKET_DIR}" \
+    -v "${AGENT_DIR}/lib/node_agent/metrics_relay.py:/opt/tpuctl/lib/node_agent/metrics_relay.py:ro" \
     --env VLLM_HOST_IP=127.0.0.1 --env 'FORWARDED_ALLOW_IPS=*' "${CONTAINER_ENV[@]}" \
     --entrypoint /bin/sh "${IMAGE}" -c "${SOCKET_WRAPPER}" "${CONTAINER_SOCKET}" \
     /bin/sh -c "${KEY_WRAPPER}" "${KEY_WRAPPER_NAME}" "${VLLM_ARGV[@]}" --uds "${CONTAINER_SOCKET}" >/dev/null
@@ -378,6 +383,7 @@ start_node_agent() {
   docker run -d --name "${AGENT_CONTAINER}" --label "tpuctl.deployment=${DEPLOYMENT_ID}" \
     --restart unless-stopped --net=host --pid=host --cap-add=SYS_PTRACE -v "${AGENT_DIR}:/opt/tpuctl:ro" \
     -v "${SERVING_SECRETS}:${CONTAINER_KEY_DIR}:ro" -v "${DOCKER_SOCKET}:${DOCKER_SOCKET}" \
+    -v "${SOCKET_DIR}:${CONTAINER_SOCKET_DIR}:ro" --env "TPUCTL_NODE_TPU_METRICS_ADDR=unix:${TPU_METRICS_SOCKET}" \
     --env PYTHONPATH=/opt/tpuctl/lib --env "TPUCTL_NODE_DOCKER_HOST=unix://${DOCKER_SOCKET}" \
     --env "TPUCTL_NODE_CONTAINER=${CONTAINER}" "${NODE_AGENT_ENV[@]}" \
     --entrypoint python3 "${IMAGE}" -m node_agent.agent >/dev/null

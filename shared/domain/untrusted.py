@@ -440,11 +440,20 @@ BENCHMARK_RESULT = Record(
         ),
         "failures": Counts(),
         "node": NODE_SUMMARY,
+        "tpu": Record(  # shared.domain.tpu_telemetry.summarize over the run's readings
+            {
+                "samples": Number(high=1e6),
+                "hbm_used_frac_peak": Number(high=1),
+                "hbm_used_gib_peak": Number(high=1e5),
+                "duty_cycle_pct_mean": Number(high=100),
+                "duty_cycle_pct_peak": Number(high=100),
+            }
+        ),
         "records_file": Text(300),
         "truncated": Text(SYSTEM_TEXT_CHARS),
     }
 )
-"""``loadgen.BenchmarkResult.as_dict`` plus what the agent adds (``node``, ``records_file``, ``truncated``)."""
+"""``loadgen.BenchmarkResult.as_dict`` plus what the agent adds (``node``, ``tpu``, ``records_file``, ``truncated``)."""
 
 _RESULT_VIEW = Record({**BENCHMARK_RESULT.fields, DROPPED_KEY: _COUNT}, patterns=BENCHMARK_RESULT.patterns)
 

@@ -30,6 +30,10 @@ on the record (``status.boot``: "pulling image", "downloading weights", "compili
 for it: the planner deletes the slices of a generation whose boot failed and keeps it FAILED, so nothing bills on
 until the ready timeout. The rules for stale and hostile values are in ``shared.domain.boot_progress``.
 
+TPU telemetry: for a serving deployment (SERVING, DEGRADED, STALLED) the same one read per node per tick returns
+the node agent's ``tpuctl/telemetry`` (HBM per chip, duty cycle, HBM bandwidth from libtpu); a fresh, well-formed
+reading (``telemetry_max_age_s``; ``shared.domain.tpu_telemetry``) adds ``tpu_*`` SLIs to the sample.
+
 Level-triggered and safe to repeat: a deployment sampled less than ``min_sample_interval_s`` ago is skipped, so
 a redelivered tick changes nothing.
 """
@@ -84,6 +88,7 @@ from shared.domain.models import (
     ResourceRef,
 )
 from shared.domain.saturation import HEADROOM_SLI, max_running, measure, saturation_finding
+from shared.domain.tpu_telemetry import TpuTelemetry, read_node_telemetry, telemetry_slis
 from shared.logging import scrub_untrusted
 from shared.messages import (
     Command,
@@ -97,6 +102,7 @@ from shared.messages import (
     topic_for,
 )
 from shared.ports import Clock, CommandBus, ServingProbe, StateStore, TpuApi
+from shared.services.monitor_types import DeploymentReport, MonitorSettings, TickReport
 
 __all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
 
@@ -109,94 +115,6 @@ _ALERT_PHASES = frozenset({Phase.DEGRADED, Phase.STALLED, Phase.DOWN, Phase.FAIL
 _BOOT_READ_PHASES = frozenset({Phase.BOOTING, Phase.COMPILING, Phase.DOWN})
 
 
-@dataclass(frozen=True)
-class MonitorSettings:
-    """Knobs of the monitor service; the entry point builds it from ``shared.config.Settings``."""
-
-    max_concurrency: int = 32
-    """Probes in flight at once (each is up to four HTTP requests)."""
-    probe_timeout_s: float = 10.0
-    """Upper bound on one whole probe, on top of the probe's own per-request timeouts."""
-    min_sample_interval_s: float = 10.0
-    """A deployment sampled more recently than this is skipped (a redelivered tick is a no-op)."""
-    record_refresh_s: float = 900.0
-    """Without a phase change, a record's stored SLIs are rewritten after this (to 2x, spread per deployment);
-    the live SLIs are in the samples, so a steady tick writes one batch and almost no records."""
-    history_limit: int = 16
-    """Samples read per deployment: the previous counters and the evidence for sustained conditions."""
-    sample_ttl_days: int = 14
-    """Samples carry ``expire_at`` = taken_at + this (Firestore TTL; the SQLite store purges)."""
-    canary_interval_s: float = 0.0
-    """Idle this long (no traffic, no canary): one canary completion, at most this often. 0: none (the deployed
-    monitor takes ``Settings.monitor_canary_interval_s``, 300 s by default)."""
-    topic_commands: str = "tpuctl-commands"
-    topic_events: str = "tpuctl-events"
-    topic_ticks: str = "tpuctl-ticks"
-
-    def __post_init__(self) -> None:
-        if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency: {self.max_concurrency} must be >= 1")
-        if self.probe_timeout_s <= 0:
-            raise ValueError(f"probe_timeout_s: {self.probe_timeout_s} must be > 0")
-        if self.history_limit < 1:
-            raise ValueError(f"history_limit: {self.history_limit} must be >= 1")
-        if self.min_sample_interval_s < 0 or self.record_refresh_s < 0 or self.canary_interval_s < 0:
-            raise ValueError("min_sample_interval_s, record_refresh_s, canary_interval_s: must be >= 0 seconds")
-
-    def topic(self, logical: str) -> str:
-        return {"commands": self.topic_commands, "events": self.topic_events, "ticks": self.topic_ticks}[logical]
-
-
-@dataclass
-class DeploymentReport:
-    """What one tick did for one deployment."""
-
-    deployment_id: str
-    previous: Phase
-    phase: Phase
-    probe: str
-    reason: str
-    published: list[str] = field(default_factory=list)
-    record_written: bool = False
-    conflict: bool = False
-
-
-@dataclass
-class TickReport:
-    """What one tick did overall (returned to the entry point and logged)."""
-
-    taken_at: datetime
-    deployments: list[DeploymentReport] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    samples_written: int = 0
-    sample_batches: int = 0
-    record_writes: int = 0
-    conflicts: int = 0
-    publish_failures: int = 0
-    duration_s: float = 0.0
-
-    @property
-    def probed(self) -> int:
-        return len(self.deployments)
-
-    @property
-    def phase_changes(self) -> dict[str, tuple[Phase, Phase]]:
-        return {r.deployment_id: (r.previous, r.phase) for r in self.deployments if r.previous is not r.phase}
-
-    @property
-    def published(self) -> list[tuple[str, str]]:
-        return [(kind, r.deployment_id) for r in self.deployments for kind in r.published]
-
-    def summary(self) -> str:
-        changes = ", ".join(f"{d}: {a.value}->{b.value}" for d, (a, b) in sorted(self.phase_changes.items()))
-        return (
-            f"probed {self.probed}, skipped {len(self.skipped)}, {self.samples_written} sample(s) in "
-            f"{self.sample_batches} batch(es), {self.record_writes} record write(s), {self.conflicts} conflict(s), "
-            f"{len(self.published)} message(s) published in {self.duration_s:.2f} s"
-            + (f"; {changes}" if changes else "")
-        )
-
-
 @dataclass
 class _Work:
     record: DeploymentRecord
@@ -206,8 +124,10 @@ class _Work:
     assessed: IntervalStats | None = None  # the interval without the canaries' own requests
     traffic: bool = False  # requests in the interval besides the monitor's own canaries
     canary: CanaryCheck | None = None  # the canary sent this tick, if one was due
-    node: ResourceRef | None = None  # the booting node whose guest attributes are read this tick
+    node: ResourceRef | None = None  # the node whose guest attributes are read this tick
+    booting: bool = False  # the node has never served: its attributes carry boot progress
     boot: BootReading | None = None
+    telemetry: TpuTelemetry | None = None  # the node agent's newest TPU reading, when fresh
 
 
 @dataclass
@@ -262,7 +182,7 @@ class Monitor:
         report = TickReport(taken_at=now)
         work = self._collect(now, only, report)
         if any(item.node is not None for item in work):
-            await asyncio.gather(self._probe_all(work, now), asyncio.to_thread(self._read_boots, work))
+            await asyncio.gather(self._probe_all(work, now), asyncio.to_thread(self._read_nodes, work, now))
         else:
             await self._probe_all(work, now)
         decisions = [self._decide(item, now) for item in work]
@@ -293,8 +213,10 @@ class Monitor:
                 if age < self.settings.min_sample_interval_s:
                     report.skipped.append((record.deployment_id, f"sampled {age:.0f} s ago"))
                     continue
-            node = _booting_node(record) if self.tpu is not None else None
-            work.append(_Work(record=record, history=history, node=node))
+            node = _attribute_node(record) if self.tpu is not None else None
+            booting = record.status.phase in _BOOT_READ_PHASES and record.status.serving_since is None
+            work.append(_Work(record=record, history=history, node=node, booting=booting))
+        _spread_telemetry_reads(work, now, self.settings.telemetry_reads_per_tick)
         return work
 
     async def _probe_all(self, work: Sequence[_Work], now: datetime) -> None:
@@ -345,9 +267,9 @@ class Monitor:
             log.exception("canary of %s failed unexpectedly", item.record.deployment_id)
             item.canary = CanaryCheck(ProbeOutcome.ERROR, None, 0.0, f"canary error: {type(exc).__name__}")
 
-    def _read_boots(self, work: Sequence[_Work]) -> None:
-        """Guest attributes of the booting nodes, one after another in one worker thread (the SDK clients are
-        not shared across threads); a read that fails leaves that deployment's stage as it was."""
+    def _read_nodes(self, work: Sequence[_Work], now: datetime) -> None:
+        """Guest attributes of the booting and serving nodes (boot progress, TPU telemetry), one after another in
+        one worker thread (the SDK clients are not shared across threads); a failed read leaves both as they were."""
         for item in work:
             node = item.node
             if node is None or self.tpu is None:
@@ -361,7 +283,8 @@ class Monitor:
             except Exception:  # an adapter bug must not stop the tick
                 log.exception("boot progress of %s unread", item.record.deployment_id)
                 continue
-            item.boot = read_boot(attributes, _clean)
+            item.boot = read_boot(attributes, _clean) if item.booting else None
+            item.telemetry = read_node_telemetry(attributes, now, self.settings.telemetry_max_age_s, _clean)
 
     def _decide(self, item: _Work, now: datetime) -> _Decision:
         """The tick's verdict on one probe: the sample, the status to store, and at most one healing command.
@@ -378,6 +301,7 @@ class Monitor:
         slis = _slis(result, interval) | canary_slis(now, item.canary, unproven)
         room = measure(result.metrics.gauges, max_running(record.spec)) if result.metrics is not None else None
         slis |= {HEADROOM_SLI: room.headroom} if room is not None else {}
+        slis |= telemetry_slis(item.telemetry)
         decision = _observation(record, result, assessment, slis, now, self.settings.sample_ttl_days)
         boot, failure = _boot_update(item, now)
         if failure is not None:
@@ -537,10 +461,26 @@ def _with_findings(record: DeploymentRecord, findings: list[str], new_status: di
     return changed
 
 
-def _booting_node(record: DeploymentRecord) -> ResourceRef | None:
-    """The node to read boot progress from: this generation's ACTIVE slice, while the deployment never served."""
+def _spread_telemetry_reads(work: Sequence[_Work], now: datetime, cap: int) -> None:
+    """Read at most ``cap`` serving nodes' telemetry per tick: over that, each deployment gets a fixed turn of
+    ``period`` ticks (by its id's hash), so a large fleet's reads (one sequential API call each) stay bounded and
+    every node is still read every ``period`` minutes. Booting nodes are always read (boot progress decides)."""
+    serving = [item for item in work if item.node is not None and not item.booting]
+    if len(serving) <= cap:
+        return
+    period = math.ceil(len(serving) / cap)
+    turn = int(now.timestamp() // 60) % period
+    for item in serving:
+        if int(hashlib.sha256(item.record.deployment_id.encode()).hexdigest()[:8], 16) % period != turn:
+            item.node = None
+
+
+def _attribute_node(record: DeploymentRecord) -> ResourceRef | None:
+    """The node to read guest attributes from: this generation's ACTIVE slice, while the deployment boots for the
+    first time (boot progress) or serves (TPU telemetry)."""
     status = record.status
-    if status.phase not in _BOOT_READ_PHASES or status.serving_since is not None:
+    booting = status.phase in _BOOT_READ_PHASES and status.serving_since is None
+    if not booting and status.phase not in _SERVING_PHASES:
         return None
     live = [
         ref

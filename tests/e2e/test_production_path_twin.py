@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,7 @@ from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.emulators import EMULATORS, find_emulator
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from localcloud.vm_twin.tpu_device import write_devices
 from localcloud.vm_twin.vm import TwinVm, unshare_available
 from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
@@ -139,6 +141,27 @@ def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: Loc
     assert isinstance(gateway, GatewayCore)
     shown = gateway.get_deployment(SPEC.deployment_id).findings
     assert any("planned fp8 KV cache" in text for text in shown), shown
+
+
+def _the_tpu_is_seen_through_the_node_agent(cloud: LocalCloud, vm: TwinVm, result: dict[str, object]) -> None:
+    """libtpu's runtime metrics (the stand-in answers from the VM's device file) reach the agent through the
+    serving container's relay: a summary beside the benchmark result, and the monitor's samples through the guest
+    attribute, where an injected near-full HBM shows with its own figures."""
+    summary = result.get("tpu")
+    assert isinstance(summary, dict) and summary.get("samples", 0) >= 1, summary
+    gib = 1 << 30
+    chip = {"chip": 0, "hbm_total_bytes": 32 * gib, "hbm_used_bytes": 31 * gib, "duty_cycle_pct": 97.0}
+    write_devices(vm.tpu_device_path, [{**chip, "hbm_bandwidth_pct": 61.0}], pinned=True)
+    deadline = time.monotonic() + 240
+    slis: dict[str, float] = {}
+    while time.monotonic() < deadline and slis.get("tpu_duty_cycle_pct") != 97.0:
+        since = cloud.world.clock.now() - timedelta(hours=12)
+        samples = cloud.store.list_samples(SPEC.deployment_id, since=since, limit=1)
+        slis = dict(samples[0].slis) if samples else {}
+        time.sleep(2)
+    assert slis.get("tpu_hbm_used_frac_max") == round(31 / 32, 4), slis
+    assert slis.get("tpu_hbm_bandwidth_pct") == 61.0, slis
+    write_devices(vm.tpu_device_path, [chip], pinned=False)  # the updater follows vLLM's load again
 
 
 def _engine_core_host_pid() -> int:
@@ -268,6 +291,7 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
 
     run = demo.run_benchmark(STEP_TIMEOUT_S)
     assert run.status == "completed"
+    _the_tpu_is_seen_through_the_node_agent(cloud, vm, run.result or {})
     _a_vm_can_report_about_itself_but_never_command(cloud, vm)
 
     gateway = demo.gateway

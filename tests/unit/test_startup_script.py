@@ -211,6 +211,8 @@ def test_every_user_provided_value_reaches_bash_verbatim(
     argv_at, env_at, agent_at = values.index("ARGV"), values.index("ENV"), values.index("AGENT")
     assert tuple(values[argv_at + 1 : env_at]) == launch.argv
     assert f"EXTRA_VALUE={env_value}" in values[env_at + 1 : agent_at]
+    # libtpu serves its runtime metrics (what the node agent samples) only when asked to.
+    assert values[env_at + 1 : env_at + 3] == ["--env", "TPU_RUNTIME_METRICS_PORTS=8431"]
     assert values[agent_at + 1 :] == ["--env", f"TPUCTL_DEPLOYMENT_ID={deployment_id}"]
     assert not (tmp_path / "pwned").exists()
     assert bash_syntax_ok(script).returncode == 0
