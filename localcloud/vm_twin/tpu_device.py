@@ -41,6 +41,8 @@ import httpx
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
+from shared.adapters.vllm_probe import parse_metrics
+
 __all__ = [
     "DEVICE_FILE",
     "ServingLoad",
@@ -156,24 +158,17 @@ class ServingLoad:
         self.busy: deque[bool] = deque(maxlen=polls)
 
     def observe(self, metrics_text: str) -> float:
-        """Note one ``/metrics`` page; returns its KV cache use (0..1)."""
-        self.busy.append(_metric(metrics_text, "vllm:num_requests_running", sum) > 0)
-        return min(1.0, max(0.0, _metric(metrics_text, "vllm:kv_cache_usage_perc", max)))
+        """Note one ``/metrics`` page (read by the monitor's own parser); returns its KV cache use (0..1)."""
+        try:
+            gauges = parse_metrics(metrics_text).gauges
+        except ValueError:  # a page cut short: nothing known about this poll
+            gauges = {}
+        self.busy.append(gauges.get("running", 0.0) > 0)
+        return min(1.0, max(0.0, gauges.get("kv_cache_usage", 0.0)))
 
     @property
     def duty_cycle_pct(self) -> float:
         return 100.0 * sum(self.busy) / len(self.busy) if self.busy else 0.0
-
-
-def _metric(text: str, name: str, combine: Any) -> float:
-    values = []
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            try:
-                values.append(float(line.rsplit(" ", 1)[1]))
-            except (IndexError, ValueError):
-                continue
-    return float(combine(values)) if values else 0.0
 
 
 def chips_from_load(

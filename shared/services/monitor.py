@@ -214,7 +214,7 @@ class Monitor:
                     report.skipped.append((record.deployment_id, f"sampled {age:.0f} s ago"))
                     continue
             node = _attribute_node(record) if self.tpu is not None else None
-            booting = record.status.phase in _BOOT_READ_PHASES and record.status.serving_since is None
+            booting = _first_boot(record)
             work.append(_Work(record=record, history=history, node=node, booting=booting))
         _spread_telemetry_reads(work, now, self.settings.telemetry_reads_per_tick)
         return work
@@ -471,16 +471,25 @@ def _spread_telemetry_reads(work: Sequence[_Work], now: datetime, cap: int) -> N
     period = math.ceil(len(serving) / cap)
     turn = int(now.timestamp() // 60) % period
     for item in serving:
-        if int(hashlib.sha256(item.record.deployment_id.encode()).hexdigest()[:8], 16) % period != turn:
+        if _id_hash(item.record.deployment_id) % period != turn:
             item.node = None
+
+
+def _first_boot(record: DeploymentRecord) -> bool:
+    """The node is up but the deployment never served: its guest attributes carry boot progress."""
+    return record.status.phase in _BOOT_READ_PHASES and record.status.serving_since is None
+
+
+def _id_hash(deployment_id: str) -> int:
+    """A fixed 32-bit number per deployment, to spread per-deployment work over time."""
+    return int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16)
 
 
 def _attribute_node(record: DeploymentRecord) -> ResourceRef | None:
     """The node to read guest attributes from: this generation's ACTIVE slice, while the deployment boots for the
     first time (boot progress) or serves (TPU telemetry)."""
     status = record.status
-    booting = status.phase in _BOOT_READ_PHASES and status.serving_since is None
-    if not booting and status.phase not in _SERVING_PHASES:
+    if not _first_boot(record) and status.phase not in _SERVING_PHASES:
         return None
     live = [
         ref
@@ -705,7 +714,7 @@ def _activity_write_s(record: DeploymentRecord, settings: MonitorSettings) -> fl
 def _refresh_after_s(deployment_id: str, settings: MonitorSettings) -> float:
     """``record_refresh_s`` stretched by a fixed per-deployment share (up to 2x), so a fleet that changed phase
     together does not rewrite every record in the same later tick."""
-    share = int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16) / 2**32
+    share = _id_hash(deployment_id) / 2**32
     return settings.record_refresh_s * (1.0 + share)
 
 

@@ -45,6 +45,19 @@ def tpuctl(world: GatewayWorld, *argv: str) -> Outcome:
 DEPLOY = ("deploy", "gemma-a", "--model", "gemma-4-26b-a4b", "--zone", "us-east5-b", "--tier", "spot")
 
 
+def applied(world: GatewayWorld, message: Any) -> None:
+    """The controller's verdict on a published command: applied, as its ledger records it."""
+    world.store.record_command(
+        CommandRecord(
+            command_id=message.command_id,
+            kind=message.kind,
+            deployment_id="gemma-a",
+            status="applied",
+            received_at=world.core.ports.clock.now(),
+        )
+    )
+
+
 class TestDeploy:
     def test_deploy_publishes_and_prints_the_command_id(self, world: GatewayWorld) -> None:
         outcome = tpuctl(world, *DEPLOY)
@@ -80,15 +93,7 @@ class TestDeploy:
             time.sleep(0.2)
             (message,) = world.published()
             world.seed("gemma-a", phase=Phase.SEARCHING)  # as the controller: the record, then the verdict
-            world.store.record_command(
-                CommandRecord(
-                    command_id=message.command_id,
-                    kind=message.kind,
-                    deployment_id="gemma-a",
-                    status="applied",
-                    received_at=world.core.ports.clock.now(),
-                )
-            )
+            applied(world, message)
             time.sleep(0.2)
             world.seed("gemma-a", phase=Phase.SERVING, endpoint="http://10.0.0.5:8000")
 
@@ -105,15 +110,7 @@ class TestDeploy:
             time.sleep(0.1)
             (message,) = world.published()
             world.seed("gemma-a", phase=Phase.FAILED)
-            world.store.record_command(
-                CommandRecord(
-                    command_id=message.command_id,
-                    kind=message.kind,
-                    deployment_id="gemma-a",
-                    status="applied",
-                    received_at=world.core.ports.clock.now(),
-                )
-            )
+            applied(world, message)
 
         worker = threading.Thread(target=controller)
         worker.start()
@@ -125,15 +122,7 @@ class TestDeploy:
         def controller() -> None:
             time.sleep(0.1)
             (message,) = world.published()  # applied, then deleted (TTL, budget, janitor) before it served
-            world.store.record_command(
-                CommandRecord(
-                    command_id=message.command_id,
-                    kind=message.kind,
-                    deployment_id="gemma-a",
-                    status="applied",
-                    received_at=world.core.ports.clock.now(),
-                )
-            )
+            applied(world, message)
 
         worker = threading.Thread(target=controller)
         worker.start()

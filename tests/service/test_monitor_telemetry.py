@@ -69,6 +69,16 @@ class World:
         return latest
 
 
+def serving(name: str, node_name: str, endpoint: str) -> DeploymentRecord:
+    """A SERVING deployment on one ACTIVE node of its generation: the node the monitor reads telemetry from."""
+    spec = DeploymentSpec(deployment_id=name, model="tiny-llama", accelerator="v6e-4", zones=(ZONE,))
+    node = ResourceRef(
+        name=node_name, zone=ZONE, tier=Tier.SPOT, generation=1, attempt=0, state=QueuedResourceState.ACTIVE
+    )
+    status = DeploymentStatus(phase=Phase.SERVING, phase_since=START, endpoint=endpoint, resources=[node])
+    return DeploymentRecord(deployment_id=name, spec=spec, status=status, created_at=START, updated_at=START)
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     clock = ManualClock(START)
@@ -78,15 +88,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         bus.ensure_topic(topic)
     tpu = GuestAttributesTpu()
     with ReplayVllm() as replay:
-        spec = DeploymentSpec(deployment_id="gemma-a", model="tiny-llama", accelerator="v6e-4", zones=(ZONE,))
-        node = ResourceRef(
-            name=NODE, zone=ZONE, tier=Tier.SPOT, generation=1, attempt=0, state=QueuedResourceState.ACTIVE
-        )
-        status = DeploymentStatus(
-            phase=Phase.SERVING, phase_since=START, endpoint=replay.base_url("gemma-a"), resources=[node]
-        )
-        record = DeploymentRecord(deployment_id="gemma-a", spec=spec, status=status, created_at=START, updated_at=START)
-        store.put_deployment(record, expected_version=None)
+        store.put_deployment(serving("gemma-a", NODE, replay.base_url("gemma-a")), expected_version=None)
         probe = VllmProbe(timeout_s=1.0, connect_timeout_s=0.5)
         monitor = Monitor(store, probe, bus, clock, MonitorSettings(telemetry_max_age_s=180.0), tpu=tpu)  # type: ignore[arg-type]
         yield World(store, clock, tpu, monitor)
@@ -151,20 +153,7 @@ def test_over_the_cap_serving_nodes_take_turns_and_each_is_read_once_per_period(
     tpu = GuestAttributesTpu()
     with ReplayVllm() as replay:
         for name in ("dep-a", "dep-b", "dep-c"):
-            spec = DeploymentSpec(deployment_id=name, model="tiny-llama", accelerator="v6e-1", zones=(ZONE,))
-            node = ResourceRef(
-                name=f"{name}-node",
-                zone=ZONE,
-                tier=Tier.SPOT,
-                generation=1,
-                attempt=0,
-                state=QueuedResourceState.ACTIVE,
-            )
-            status = DeploymentStatus(
-                phase=Phase.SERVING, phase_since=START, endpoint=replay.base_url(name), resources=[node]
-            )
-            record = DeploymentRecord(deployment_id=name, spec=spec, status=status, created_at=START, updated_at=START)
-            store.put_deployment(record, expected_version=None)
+            store.put_deployment(serving(name, f"{name}-node", replay.base_url(name)), expected_version=None)
         settings = MonitorSettings(telemetry_reads_per_tick=1)
         monitor = Monitor(store, VllmProbe(timeout_s=1.0), bus, clock, settings, tpu=tpu)  # type: ignore[arg-type]
         for _ in range(3):  # one period: three nodes over a cap of one
