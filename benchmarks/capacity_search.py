@@ -7,6 +7,8 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   request waits its full valid-until), ``ours-hedge4`` (hedge 4), ``ours-no-park`` (the earlier
   defaults: 10-minute checks, a checked request is force-deleted and its pair asked again later) and
   ``ours-check10`` (parking with the earlier 10-minute first check).
+* ``ours+advice``: ``ours`` with Compute Engine's capacity advice (issue 21, item 2), read from the simulator
+  in-process; only on ``advice-accurate`` and ``advice-noisy`` is the advice anything but noise-free live pools.
 * ``sequential``: the reference agent's ``find_tpu`` (docs/reference/reference-agent.md §3): candidate zones in
   alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
   after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
@@ -21,6 +23,9 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   a request waiting in every allowed (zone, tier) pair from t=0, re-created at once when one fails, no
   rate limit or cost counted against it. Its "first chips granted" is the clairvoyant figure: the first
   moment any allowed pair had chips for the slice (time to ACTIVE adds the provider's 1-5 min boot).
+
+The advice plans ``advice-accurate`` and ``advice-noisy`` run one world (``benchmarks/scenarios/advice-accurate.yaml``)
+with advice always right and live, or 60 % right and 15 minutes stale (the shipped ``advice-noisy``'s noise).
 
 Scenarios are the simulator's shipped ``scarce-v6e``, ``reference-agent-zones`` and ``spot-preemptions``,
 each run with a per-run seed (timings, Poisson capacity, preemptions) and capacity timelines jittered
@@ -65,13 +70,17 @@ from benchmarks.capacity_search_results import (
 )
 from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World, load_scenario
+from localcloud.tpu_sim.advice import capacity_advice
+from shared.adapters.compute_advice import PROVISIONING_MODELS
 from shared.adapters.sqlite_store import SqliteStateStore
+from shared.domain.backends import machine_type_of
 from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
-from shared.domain.models import DeploymentSpec, NodeState, QueuedResourceState, Tier
+from shared.domain.models import DeploymentSpec, NodeState, QueuedResourceState, Tier, region_of
 from shared.domain.planner import PlannerPolicy
 from shared.domain.zone_memory import estimated_price
 from shared.messages import CreateDeployment, ReconcileTick
+from shared.ports import CapacityAdvice
 from shared.services.provisioner import Provisioner, ProvisionerSettings
 
 DEPLOYMENT = "bench"
@@ -79,7 +88,23 @@ ACCELERATOR = "v6e-4"
 CHIPS = 4
 SERVE_S = 3 * 3600.0
 SAMPLE_S = 15.0
-POLICIES = ("ours", "ours-no-check", "ours-hedge4", "ours-no-park", "ours-check10", "sequential", "skypilot", "bound")
+POLICIES = (
+    "ours",
+    "ours+advice",
+    "ours-no-check",
+    "ours-hedge4",
+    "ours-no-park",
+    "ours-check10",
+    "sequential",
+    "skypilot",
+    "bound",
+)
+ADVICE_WORLD = Path(__file__).resolve().parent / "scenarios" / "advice-accurate.yaml"
+# Scenario -> (scenario file, the advice noise it runs with): both advice plans search the same world.
+ADVICE_WORLDS: dict[str, tuple[Path, dict[str, float]]] = {
+    "advice-accurate": (ADVICE_WORLD, {"accuracy": 1.0, "staleness_minutes": 0.0}),
+    "advice-noisy": (ADVICE_WORLD, {"accuracy": 0.6, "staleness_minutes": 15.0}),  # the shipped advice-noisy's
+}
 QR = QueuedResourceState
 _DEAD = (QR.FAILED, QR.SUSPENDING, QR.SUSPENDED)
 _DEAD_NODES = (NodeState.PREEMPTED, NodeState.TERMINATED)
@@ -90,7 +115,12 @@ _DEAD_NODES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 
 def seeded_world(plan: ScenarioPlan, seed: int, *, source: Any = None) -> World:
     """The shipped scenario (or ``source``, a scenario file) with this run's seed and timelines jittered x0.5-1.5."""
+    advice_world = ADVICE_WORLDS.get(plan.name)
+    if source is None and advice_world is not None:
+        source = advice_world[0]
     data = load_scenario(source if source is not None else plan.name).model_dump(mode="json")
+    if advice_world is not None:
+        data["advice"] = dict(advice_world[1])
     rng = random.Random(seed * 1_000_003 + len(plan.name))
     for zone in data["zones"].values():
         for pools in zone.get("capacity", {}).values():
@@ -170,13 +200,14 @@ class Ours(Policy):
         planner: PlannerPolicy | None = None,
         *,
         hedge: int | None = None,
+        advice: CapacityAdvice | None = None,
     ) -> None:
         super().__init__(plan, world, tpu)
         if hedge is not None:
             self.spec = self.spec.model_copy(update={"hedge": hedge})
         self.store = SqliteStateStore(folder / f"{uuid.uuid4().hex}.db")
         settings = ProvisionerSettings(holder="bench", planner=planner or PlannerPolicy())
-        self.provisioner = Provisioner(self.store, tpu, world.clock, settings=settings)
+        self.provisioner = Provisioner(self.store, tpu, world.clock, settings=settings, advice=advice)
         self.created = False
         self._serving: tuple[str, str, Tier] | None = None
         self._tracked: set[str] = set()
@@ -579,6 +610,30 @@ def _close_books(
     )
 
 
+class InProcessAdvice:
+    """``CapacityAdvice`` read from the simulator in-process (the wire adapter's request, without HTTP): the
+    benchmark runs thousands of ticks, and tests/adapters/test_compute_advice.py covers the wire."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def obtainability(self, accelerator: str, tier: Tier, zones: Sequence[str]) -> dict[str, float]:
+        model, machine = PROVISIONING_MODELS.get(tier), machine_type_of(accelerator)
+        if model is None or machine is None:
+            return {}
+        scores: dict[str, float] = {}
+        for region in sorted({region_of(zone) for zone in zones}):
+            body = {
+                "instanceProperties": {"scheduling": {"provisioningModel": model}},
+                "instanceFlexibilityPolicy": {"instanceSelections": {"slice": {"machineTypes": [machine]}}},
+                "distributionPolicy": {"zones": [{"zone": f"zones/{z}"} for z in zones if region_of(z) == region]},
+            }
+            answer = capacity_advice(self.world.kernel, self.world.scenario.project, region, body)
+            for item in answer["recommendations"]:
+                scores[item["shards"][0]["zone"].rsplit("/", 1)[-1]] = item["scores"]["obtainability"]
+        return scores
+
+
 def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> RunResult:
     started = time.perf_counter()
     world = seeded_world(plan, seed)
@@ -586,6 +641,8 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     policy: Policy
     if policy_name == "ours":
         policy = Ours(plan, world, tpu, folder)
+    elif policy_name == "ours+advice":
+        policy = Ours(plan, world, tpu, folder, advice=InProcessAdvice(world))
     elif policy_name == "ours-no-check":
         policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
     elif policy_name == "ours-hedge4":

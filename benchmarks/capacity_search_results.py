@@ -29,6 +29,8 @@ PLANS = {
     "scarce-v6e": ScenarioPlan("scarce-v6e", (Tier.FLEX_START, Tier.SPOT, Tier.ON_DEMAND), 8 * 3600.0),
     "reference-agent-zones": ScenarioPlan("reference-agent-zones", (Tier.FLEX_START,), 4 * 3600.0),
     "spot-preemptions": ScenarioPlan("spot-preemptions", (Tier.SPOT,), 4 * 3600.0),
+    "advice-accurate": ScenarioPlan("advice-accurate", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
+    "advice-noisy": ScenarioPlan("advice-noisy", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
 }
 
 

@@ -13,9 +13,9 @@ Run: ``.venv/bin/python -m benchmarks.monitor_tick [--deployments 200] [--repeat
   plus building the monitor from the wiring (what the first tick pays on top), and the service + probe alone.
 
 * ``--telemetry``: every deployment also has an ACTIVE node whose guest attributes hold a fresh TPU reading (four
-  chips, as the node agent writes it), read through a stand-in of the TPU port that waits ``--guest-read-ms`` per
-  call (the Cloud TPU API's round trip; the monitor reads one node at a time, at most
-  ``telemetry_reads_per_tick`` serving nodes per tick).
+  chips, as the node agent writes it) and vLLM's start-up facts (``tpuctl/engine``, from the real log), read
+  through a stand-in of the TPU port that waits ``--guest-read-ms`` per call (the Cloud TPU API's round trip; the
+  monitor reads one node at a time, at most ``telemetry_reads_per_tick`` serving nodes per tick).
 
 Targets (issue 5): tick under 2 s on 2 cores, one batched write per tick, parse under 5 ms, import under 800 ms.
 """
@@ -41,6 +41,8 @@ from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe, parse_metrics
 from shared.domain.boot_progress import GuestAttribute
+from shared.domain.engine_facts import EngineFacts, EngineFactsParser
+from shared.domain.engine_facts import encode as encode_facts
 from shared.domain.models import (
     DeploymentRecord,
     DeploymentSpec,
@@ -80,17 +82,34 @@ class CountingStore(SqliteStateStore):
         self.record_writes = 0
 
 
+START_UP_LOG = REPO / "tests" / "fixtures" / "vllm" / "real_vllm_serve.log"
+
+
+def engine_facts() -> EngineFacts:
+    """What the node agent reads from vLLM 0.32.0's real start-up log."""
+    parser = EngineFactsParser()
+    for line in START_UP_LOG.read_text(encoding="utf-8").splitlines():
+        parser.feed(line)
+    if parser.facts is None:
+        raise SystemExit(f"{START_UP_LOG}: no engine facts in it; the parser no longer reads vLLM's start-up log")
+    return parser.facts
+
+
 class TelemetryTpu:
     """The TPU port's guest-attribute read, answering every node with a fresh four-chip reading after a delay."""
 
     def __init__(self, clock: ManualClock, read_s: float) -> None:
         self.clock, self.read_s, self.reads = clock, read_s, 0
+        self.engine = encode_facts(engine_facts())
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str) -> Sequence[GuestAttribute]:
         self.reads += 1
         time.sleep(self.read_s)
-        chips = tuple(ChipReading(i, (20 + i) << 30, 32 << 30, 60.0 + i, 30.0) for i in range(4))
-        return [GuestAttribute("tpuctl", "telemetry", encode(TpuTelemetry(self.clock.now(), chips)))]
+        chips = tuple(ChipReading(i, (20 + i) << 30, 32 << 30, 60.0 + i, 30.0, 5.0 + i) for i in range(4))
+        return [
+            GuestAttribute("tpuctl", "telemetry", encode(TpuTelemetry(self.clock.now(), chips))),
+            GuestAttribute("tpuctl", "engine", self.engine),
+        ]
 
 
 def bench_parse(repeats: int) -> dict[str, float]:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from loadgen.plots import write_plots
 from loadgen.report import result_table
+from mcp_client_gateway.capabilities.benchmarks import throughput_bound_line
 from mcp_client_gateway.interface_words import cli_text
 from mcp_client_gateway.models import (
     BenchmarkComparison,
@@ -144,6 +145,7 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
     ]
     if detail.boot is not None:
         facts.append(("boot", f"{detail.boot.text} since {detail.boot.stage_since:%H:%M:%S} on {detail.boot.node}"))
+    facts += [("engine", detail.engine_summary)] if detail.engine_summary else []
     facts += [("finding", finding) for finding in detail.findings]
     out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))
     if detail.resources:
@@ -296,6 +298,9 @@ def render_benchmark(view: BenchmarkView, out: Output) -> None:
     out.out.print(_table(f"Benchmark {view.run_id} ({view.status})", ("METRIC", "VALUE", "CHANGE %"), rows))
     if view.result and view.result.get("points"):
         out.out.print(Text(result_table(view.result)))  # every level, not only the headline
+    bound = throughput_bound_line(view.result)
+    if bound:
+        out.out.print(Text(bound))
     if view.error:
         out.out.print(Text(f"error: {view.error}"))
 

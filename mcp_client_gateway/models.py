@@ -287,13 +287,21 @@ class DeploymentDetail(_View):
     attempts_total: int
     slis: dict[str, float] = Field(
         description="The stored SLIs; `headroom` is 1 - max(KV-cache use, running / max_num_seqs), 0 to 1; "
-        "`tpu_*` come from the TPU itself (HBM use of the fullest chip, GiB in use, duty cycle %, HBM bandwidth %)."
+        "`tpu_*` come from the TPU itself (HBM use of the fullest chip, GiB in use, duty cycle %, TensorCore "
+        "utilisation %, HBM bandwidth %)."
     )
     findings: list[str] = Field(
         default_factory=list,
         description="The monitor's warnings while they hold, e.g. 'saturation: headroom 8% (under 15%) for 3 "
         "sample(s); KV cache 92% full, 3 request(s) waiting'. VM-derived figures, cleaned and bounded.",
     )
+    engine: dict[str, Any] | None = Field(
+        default=None,
+        description="What vLLM printed at start-up, read from its log on the node: version, weights dtype and "
+        "quantisation, context (max_model_len), tensor_parallel, KV cache tokens and dtype, attention back ends "
+        "(and refused ones), compilations; diffed against the plan in `findings`.",
+    )
+    engine_summary: str | None = Field(default=None, description="`engine` in one line.")
     latest_sample: SampleView | None = None
     spend_usd: float
     hourly_usd: float | None = Field(default=None, description="Price per hour of the slice in its zone and tier.")

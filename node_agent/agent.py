@@ -31,7 +31,7 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
 
 7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
    (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
-   (``node_agent.log_shipper``);
+   (``node_agent.log_shipper``), and reads vLLM's start-up facts from it into ``tpuctl/engine`` (``engine_report``);
 8. samples the TPU's telemetry into the guest attribute ``tpuctl/telemetry`` and beside each benchmark result
    (``node_agent.tpu_telemetry``).
 
@@ -639,10 +639,12 @@ def ship_serving_logs(
 ) -> None:
     """The log shipper's thread: the serving container's lines to ``sink`` until ``stop``, over its own engine
     connection so a long read never holds up a restart or a tail."""
+    from node_agent.engine_report import start_reporter
     from node_agent.log_shipper import LogShipper
     from shared.adapters.docker_engine import DockerEngineContainer
 
     source = DockerEngineContainer(agent.node_docker_host, agent.node_container)
+    reporter = start_reporter(stop)  # what vLLM printed at start-up, to tpuctl/engine
     shipper = LogShipper(
         source,
         sink,
@@ -650,6 +652,7 @@ def ship_serving_logs(
         state_file=journal_dir / "log-shipper.json",
         api_key=api_key,
         batch_wait_s=agent.node_log_flush_s,
+        observe=reporter.observe,
     )
     try:
         shipper.run(stop, poll_s=min(2.0, agent.node_log_flush_s))

@@ -15,6 +15,8 @@ Why: vLLM's container logs to the Docker engine only, so without this nothing of
   reading pauses at that bound and the rest stays in the engine's log, which keeps it; the agent log says when
   shipping stopped (and every 5 minutes after) with how many lines wait, and when it resumed. A batch the sink
   refuses as invalid is dropped: the agent log and a WARNING entry in the sink say how many lines, of which times.
+* **Watched.** Each raw line is shown to ``observe`` first (the agent's ``EngineReporter`` reads vLLM's start-up
+  facts from it); a watcher's failure is logged and shipping goes on.
 * **Never in the way.** Its own thread and engine connection, calls with timeouts, failures retried with backoff
   (2 s doubling to 60 s); benchmarks and node tasks never wait for it.
 """
@@ -77,6 +79,7 @@ class LogShipper:
         backlog_lines: int = 5000,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
+        observe: Callable[[str], None] | None = None,
     ) -> None:
         if not 1 <= batch_lines <= backlog_lines:
             raise ValueError("batch_lines: must be at least 1 and at most backlog_lines")
@@ -84,6 +87,7 @@ class LogShipper:
         self._state_file, self._api_key = state_file, api_key
         self.batch_lines, self.batch_wait_s, self.backlog_lines = batch_lines, batch_wait_s, backlog_lines
         self._monotonic, self._wall_ns = monotonic, wall_ns
+        self._observe = observe
         self._shipped = self._load()
         self._read_at = self._shipped
         self._backlog: deque[_Waiting] = deque()
@@ -175,6 +179,11 @@ class LogShipper:
     # ------------------------------------------------------------------ lines
 
     def _take(self, position: Position, text: str) -> None:
+        if self._observe is not None:
+            try:
+                self._observe(text[:_EXAMINED_CHARS])  # raw: a config line is longer than a shipped one
+            except Exception:  # a watcher's bug must not stop the shipping
+                log.exception("a log line watcher failed")
         cleaned = clean_log_line(text[:_EXAMINED_CHARS], self._api_key)
         severity = self._parser.parse(cleaned).severity  # after the escapes went: a coloured level still reads
         if cleaned.strip():

@@ -1,9 +1,10 @@
-"""Sample the TPU's own telemetry (HBM per chip, duty cycle, HBM bandwidth) on the VM, for the controller.
+"""Sample the TPU's own telemetry (HBM per chip, duty cycle, HBM bandwidth, TensorCore utilisation) on the VM.
 
 Why: vLLM on TPU exports none of these, so a full HBM or an idle chip under load is invisible in ``/metrics``.
 libtpu serves them inside the serving process (its runtime metrics gRPC service, ``TPU_RUNTIME_METRICS_PORTS``),
 the one ``tpu-info`` reads; :class:`RuntimeMetricsReader` reads it with tpu-info's own generated stubs and never
-raises (no service while vLLM loads, a timeout or a malformed answer is a reading with an ``error``).
+raises (no service while vLLM loads, a timeout or a malformed answer is a reading with an ``error``). TensorCore
+utilisation comes from the libtpu SDK instead (``node_agent.tensorcore_util``) and is added to each chip.
 :class:`TelemetrySampler` reads every ``interval_s``, writes the newest reading to the guest attribute
 ``tpuctl/telemetry`` (``shared.domain.tpu_telemetry.encode``), where the monitor reads it, and keeps recent
 readings so a benchmark result can carry a summary of those taken during its run (:func:`tpu_result`). Readings
@@ -26,6 +27,7 @@ import httpx
 from tpu_info.proto import tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
 
 from node_agent.bundle_keeper import metadata_base_url
+from node_agent.tensorcore_util import TensorCoreUtilReader, with_utilisation
 from shared.domain.startup_script import GUEST_ATTRIBUTE_NAMESPACE
 from shared.domain.tpu_telemetry import TELEMETRY_KEY, ChipReading, TpuTelemetry, encode, summarize
 from shared.ports import Clock
@@ -214,7 +216,8 @@ class SamplerSettings(Protocol):
 def start_sampler(settings: SamplerSettings, clock: Clock, stop: threading.Event) -> TelemetrySampler:
     """The agent's sampler on a daemon thread of its own, until ``stop``."""
     reader = RuntimeMetricsReader(settings.node_tpu_metrics_addr, clock)
-    sampler = TelemetrySampler(reader.read, GuestAttributeWriter(), interval_s=settings.node_telemetry_interval_s)
+    read = with_utilisation(reader.read, TensorCoreUtilReader().read)
+    sampler = TelemetrySampler(read, GuestAttributeWriter(), interval_s=settings.node_telemetry_interval_s)
     threading.Thread(target=sampler.run, args=(stop,), name="tpu-telemetry", daemon=True).start()
     return sampler
 

@@ -25,12 +25,14 @@ from shared.domain.models import (
     MonitorSample,
     NodeTask,
     RejectedMessage,
+    Tier,
     ZoneMemoryEntry,
 )
 from shared.domain.quota import TPU_QUOTA_SERVICE, QuotaLimit
 
 __all__ = [
     "NODE_CHANNEL_PREFIX",
+    "CapacityAdvice",
     "Clock",
     "CommandBus",
     "ContainerLogLine",
@@ -332,6 +334,15 @@ class TpuApi(Protocol):
         Untrusted text: read it through ``shared.domain.boot_progress``. NOT_FOUND raises when the node is gone.
         The service allows about 10 reads a minute per VM: read booting nodes only, once a tick.
         """
+        ...
+
+
+class CapacityAdvice(Protocol):
+    """Compute Engine's capacity advice: where a request of this slice and tier is likely to be granted now."""
+
+    def obtainability(self, accelerator: str, tier: Tier, zones: Sequence[str]) -> dict[str, float]:
+        """Zone -> obtainability in [0, 1] for the zones the source scored. Never raises: when advice is
+        unavailable (permission, API off, a beta error) the answer is ``{}`` and the search runs as without it."""
         ...
 
 

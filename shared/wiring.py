@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings, get_settings
 from shared.ports import (
+    CapacityAdvice,
     Clock,
     CommandBus,
     DebugBundles,
@@ -212,7 +213,15 @@ class Runtime:
             price=self.prices,
             channels=self.node_channels,
             node_metadata=self.node_metadata,
+            advice=self.capacity_advice,
         )
+
+    @cached_property
+    def capacity_advice(self) -> CapacityAdvice:
+        """Compute Engine's capacity advice (fail soft: without it the search runs as before)."""
+        from shared.adapters.compute_advice import ComputeCapacityAdvice
+
+        return ComputeCapacityAdvice(self.project, self.clock, endpoint=self.settings.tpu_endpoint)
 
     def node_metadata(self, deployment_id: str) -> dict[str, str]:
         """Instance metadata every node of a deployment gets beside its startup script: its event key."""

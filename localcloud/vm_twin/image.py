@@ -2,10 +2,11 @@
 
 Why: a TPU VM pulls the pinned vLLM TPU image and runs ``python3`` (the weights download, the node agent) and
 ``/bin/sh -c <key wrapper> vllm serve ...`` in it. Here the image is the vLLM-on-CPU venv: its ``python3`` is that
-venv's interpreter (with ``huggingface_hub``), and its ``vllm`` runs ``localcloud/vm_twin/image_vllm.py``, which
-serves the tiny local model in place of the named one and drops what only a TPU understands. Binds are honoured
-by mapping every container path in the command and environment to the VM path it is bound from (the twin's
-containers share the VM's filesystem). This is the only place where a container differs from production's.
+venv's interpreter (with ``huggingface_hub``, and a stand-in ``libtpu`` SDK reading the VM's device file), and its
+``vllm`` runs ``localcloud/vm_twin/image_vllm.py``, which serves the tiny local model in place of the named one and
+drops what only a TPU understands. Binds are honoured by mapping every container path in the command and
+environment to the VM path it is bound from (the twin's containers share the VM's filesystem). This is the only
+place where a container differs from production's.
 
 The VM's Hugging Face cache comes with every catalog model already in it, each a link to the tiny model (the
 twin's "weights"), so the script's ``snapshot_download`` finds it as a TPU VM finds a warm cache; a model that is
@@ -29,6 +30,8 @@ from shared.domain.launch import check_image
 __all__ = ["VllmCpuImage", "seed_hf_cache"]
 
 _IMAGE_VLLM = Path(__file__).with_name("image_vllm.py")
+# The image's Python carries libtpu on a TPU image; here a stand-in, on python3's path only (not vllm's).
+_LIBTPU_STANDIN = Path(__file__).with_name("libtpu_standin")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Run in the container's fresh network namespace: "$0" is ip(8), "$@" the container's command (exec keeps its pid).
 _LOOPBACK_UP = '"$0" link set lo up && exec "$@"'
@@ -61,7 +64,8 @@ class VllmCpuImage:
         bin_dir = root / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         # Scripts, not links: a venv's interpreter finds its packages from the path it is started by.
-        for name, text in (("python3", f'exec "{python}" "$@"'), ("vllm", f'exec "{python}" "{_IMAGE_VLLM}" "$@"')):
+        standin = f'PYTHONPATH="{_LIBTPU_STANDIN}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"'
+        for name, text in (("python3", standin), ("vllm", f'exec "{python}" "{_IMAGE_VLLM}" "$@"')):
             program = bin_dir / name
             program.write_text(f"#!/bin/sh\n{text}\n", encoding="utf-8")
             program.chmod(0o755)

@@ -8,12 +8,15 @@ process group, so it lives and dies with it:
 * the **device file** (``<node dir>/tpu-devices.json``, :data:`DEVICE_FILE`)::
 
       {"pinned": false, "chips": [{"chip": 0, "hbm_total_bytes": 34359738368, "hbm_used_bytes": 12884901888,
-                                   "duty_cycle_pct": 50.0, "hbm_bandwidth_pct": 30.0}, ...]}
+                                   "duty_cycle_pct": 50.0, "hbm_bandwidth_pct": 30.0,
+                                   "tensorcore_util_pct": 4.0}, ...]}
 
-  is re-read on every request, so what it says is what the agent reads;
+  is re-read on every request, so what it says is what the agent reads; ``tensorcore_util_pct`` is read by the
+  twin's stand-in libtpu SDK (``libtpu_standin/``), as the agent reads it on a TPU VM;
 * the **updater** keeps it current from the serving vLLM's own ``/metrics`` (:func:`chips_from_load`): HBM used is
   a weights share plus ``vllm:kv_cache_usage_perc`` of the KV share, the duty cycle the share of recent polls with
-  ``vllm:num_requests_running`` above 0; the chip count and HBM per chip come from ``TPU_ACCELERATOR_TYPE`` (the
+  ``vllm:num_requests_running`` above 0, the TensorCore utilisation the mean batch fill (running requests over
+  ``--max-num-seqs``); the chip count and HBM per chip come from ``TPU_ACCELERATOR_TYPE`` (the
   startup script hands the VM's accelerator type to the container), else from ``--tensor-parallel-size``;
 * a test injects a value (a full HBM, an idle chip) by writing the file with :func:`write_devices`: a file with
   ``"pinned": true`` is never overwritten by the updater.
@@ -64,12 +67,13 @@ _HBM_GIB = {"v6e": 32, "v5litepod": 16, "v5e": 16, "v5p": 95, "v4": 32}
 _CORES_PER_CHIP = {"v5p": 2, "v4": 2}  # their type's number counts TensorCores, not chips
 _MAX_CHIPS_PER_HOST = 8
 _WEIGHTS_SHARE = 0.3  # of HBM: the (pretend) weights, resident from the start
+_DEFAULT_MAX_SEQS = 256  # vLLM's --max-num-seqs when the argv has none
 _FIELDS = {
     "tpu.runtime.hbm.memory.total.bytes": ("hbm_total_bytes", "as_int"),
     "tpu.runtime.hbm.memory.usage.bytes": ("hbm_used_bytes", "as_int"),
     "tpu.runtime.tensorcore.dutycycle.percent": ("duty_cycle_pct", "as_double"),
     "tpu.runtime.hbm.utilization.percent": ("hbm_bandwidth_pct", "as_double"),
-}
+}  # TensorCore utilisation (``tensorcore_util_pct``) is read through the libtpu SDK stand-in, not this service
 
 
 def chip_layout(accelerator_type: str, tensor_parallel: int | None) -> tuple[int, int]:
@@ -152,10 +156,10 @@ def serve(device_file: Path, port: int, host: str = "127.0.0.1") -> tuple[grpc.S
 
 
 class ServingLoad:
-    """What the updater remembers of the serving engine: whether it was busy on each of the recent polls."""
+    """What the updater remembers of the serving engine: how many requests ran at each of the recent polls."""
 
     def __init__(self, polls: int = 5) -> None:
-        self.busy: deque[bool] = deque(maxlen=polls)
+        self.running: deque[float] = deque(maxlen=polls)
 
     def observe(self, metrics_text: str) -> float:
         """Note one ``/metrics`` page (read by the monitor's own parser); returns its KV cache use (0..1)."""
@@ -163,16 +167,32 @@ class ServingLoad:
             gauges = parse_metrics(metrics_text).gauges
         except ValueError:  # a page cut short: nothing known about this poll
             gauges = {}
-        self.busy.append(gauges.get("running", 0.0) > 0)
+        self.running.append(max(0.0, gauges.get("running", 0.0)))
         return min(1.0, max(0.0, gauges.get("kv_cache_usage", 0.0)))
+
+    def idle(self) -> None:
+        """A poll that found no engine (still loading): the weights are resident, nothing runs."""
+        self.running.append(0.0)
 
     @property
     def duty_cycle_pct(self) -> float:
-        return 100.0 * sum(self.busy) / len(self.busy) if self.busy else 0.0
+        """The share of polls with a request running."""
+        return 100.0 * sum(count > 0 for count in self.running) / len(self.running) if self.running else 0.0
+
+    def tensorcore_util_pct(self, max_seqs: int) -> float:
+        """How full the batch was on average: a decode step of a few sequences uses a sliver of the matrix units."""
+        if not self.running:
+            return 0.0
+        return 100.0 * sum(min(1.0, count / max(1, max_seqs)) for count in self.running) / len(self.running)
 
 
 def chips_from_load(
-    chips: int, hbm_per_chip: int, kv_usage: float, duty_cycle_pct: float, memory_utilization: float
+    chips: int,
+    hbm_per_chip: int,
+    kv_usage: float,
+    duty_cycle_pct: float,
+    memory_utilization: float,
+    tensorcore_util_pct: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Every chip alike: the weights' share of HBM plus the used part of the KV cache's share."""
     kv_share = max(0.0, memory_utilization - _WEIGHTS_SHARE)
@@ -184,6 +204,7 @@ def chips_from_load(
             "hbm_used_bytes": min(used, hbm_per_chip),
             "duty_cycle_pct": round(duty_cycle_pct, 2),
             "hbm_bandwidth_pct": round(duty_cycle_pct * 0.6, 2),
+            "tensorcore_util_pct": round(min(tensorcore_util_pct, duty_cycle_pct), 2),
         }
         for chip in range(chips)
     ]
@@ -212,15 +233,17 @@ def _update_forever(
     """Keep the device file current from vLLM's load until the serving process (``parent``) is gone."""
     chips, hbm = chip_layout(accelerator_type, int(_flag(argv, "--tensor-parallel-size") or 0) or None)
     utilization = float(_flag(argv, "--gpu-memory-utilization") or 0.9)
+    max_seqs = int(_flag(argv, "--max-num-seqs") or _DEFAULT_MAX_SEQS)
     load, (client, url), pause = ServingLoad(), _metrics_client(argv), threading.Event()
     kv_usage = 0.0
     while os.getppid() == parent:
         try:
             kv_usage = load.observe(client.get(url).text)
         except httpx.HTTPError:
-            load.busy.append(False)  # still loading: the weights are resident, nothing runs
+            load.idle()
         if not _pinned(device_file):
-            reading = chips_from_load(chips, hbm, kv_usage, load.duty_cycle_pct, utilization)
+            util = load.tensorcore_util_pct(max_seqs)
+            reading = chips_from_load(chips, hbm, kv_usage, load.duty_cycle_pct, utilization, util)
             write_devices(device_file, reading, pinned=False)
         pause.wait(interval_s)
 

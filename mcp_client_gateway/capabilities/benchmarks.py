@@ -21,8 +21,9 @@ from shared.domain.benchmark_headline import (
     sweep_headline,
 )
 from shared.domain.models import MODEL_PRESET_NAMES, BenchmarkRun
+from shared.domain.throughput_bound import bound_summary
 
-__all__ = ["Benchmarks", "headline_metrics"]
+__all__ = ["Benchmarks", "headline_metrics", "throughput_bound_line"]
 
 
 def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
@@ -41,6 +42,13 @@ def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
         if numbers:
             return numbers
     return headline_from_result(result)
+
+
+def throughput_bound_line(result: dict[str, Any] | None) -> str | None:
+    """One line on the run's throughput against the slice's physical bound, as the benchmarker stored it; None when
+    no bound was drawn (results stored before the check, rate sweeps, unknown model or slice)."""
+    comparison = result.get("comparison") if isinstance(result, dict) else None
+    return bound_summary(comparison.get("throughput_bound")) if isinstance(comparison, dict) else None
 
 
 class Benchmarks:

@@ -31,6 +31,7 @@ from mcp_client_gateway.models import (
 )
 from shared.domain import deployment_progress
 from shared.domain.boot_progress import stage_text
+from shared.domain.engine_facts import as_record, describe, facts_from
 from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec, Desired, NodeTask, Phase, Tier
 
 __all__ = ["Operations", "deployment_stage"]
@@ -94,6 +95,7 @@ class Operations:
         node_resource = next((r for r in reversed(status.resources) if r.node_state is not None), None)
         system = self._node_system(record)
         prices = pricing(self.ports) if status.zone and status.tier else None  # read only for a priced slice
+        engine = facts_from(status.engine)  # checked again: the record is the VM's word
         return DeploymentDetail(
             deployment_id=record.deployment_id,
             model=spec.model,
@@ -118,6 +120,8 @@ class Operations:
             attempts_total=len(status.attempts),
             slis=dict(status.slis),
             findings=[clean_text(finding, limit=500)[0] for finding in status.findings[:_MAX_FINDINGS_SHOWN]],
+            engine=as_record(engine) if engine else None,
+            engine_summary=describe(engine) if engine else None,
             latest_sample=sample_view(samples[0]) if samples else None,
             spend_usd=round(status.spend_usd, 4),
             hourly_usd=hourly_usd(record, prices) if prices else None,

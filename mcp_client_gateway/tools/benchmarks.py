@@ -9,6 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.benchmarks import throughput_bound_line
 from mcp_client_gateway.models import BenchmarkComparison, BenchmarkView, CommandAccepted
 from mcp_client_gateway.tools.common import (
     ID_PATTERN,
@@ -116,7 +117,8 @@ def _register_get(tools: ToolSet) -> None:
         tier, vLLM version, flags), headline numbers and the % change from the previous run. Read-only."""
         view = await run(lambda: core.get_benchmark(run_id))
         figures = ", ".join(f"{k} {v:g}" for k, v in list(view.headline.items())[:4]) or "no figures yet"
-        return tool_result(view, f"Run {run_id} {view.status}: {figures}.")
+        bound = throughput_bound_line(view.result)
+        return tool_result(view, f"Run {run_id} {view.status}: {figures}." + (f" {bound}." if bound else ""))
 
 
 def _register_compare(tools: ToolSet) -> None:

@@ -289,6 +289,7 @@ class ResourceRef(BaseModel):
     state_since: UtcDateTime | None = None  # when ``state`` last changed (stuck-provisioning detection)
     delete_requested_at: UtcDateTime | None = None  # set before the delete call; the ref leaves once gone
     wait_until: UtcDateTime | None = None  # capacity-check deadline while WAITING (None: its own valid-until)
+    advice: float | None = None  # capacity advice's obtainability when it was asked for (None: no advice)
 
 
 class AttemptLog(BaseModel):
@@ -301,6 +302,7 @@ class AttemptLog(BaseModel):
     tier: Tier
     outcome: Step | ErrorClass  # shared.domain.attempts: a planner step, or the error class that ended it
     detail: str = ""
+    advice: float | None = None  # the request's capacity-advice obtainability (shared.domain.capacity_advice)
 
 
 class BootProgress(BaseModel):
@@ -344,6 +346,7 @@ class DeploymentStatus(BaseModel):
     node_system: dict[str, Any] | None = None  # what the node agent reported at boot (OS, CPU, RAM, accelerator)
     boot: BootProgress | None = None  # the startup script's progress on the booting node (monitor-owned)
     findings: list[str] = Field(default_factory=list)  # monitor-owned warnings "<tag>: <text>" (FINDING_LOG_KIND)
+    engine: dict[str, Any] | None = None  # what vLLM printed at start-up (shared.domain.engine_facts), monitor-owned
 
 
 class DeploymentRecord(BaseModel):
@@ -477,7 +480,7 @@ class ZoneMemoryEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(min_length=1, max_length=300)
-    kind: Literal["cooldown", "block", "unsupported"]
+    kind: Literal["cooldown", "block", "unsupported", "trust"]  # trust: how often an advice source was right
     error_class: str
     zone: str | None = None
     region: str | None = None
@@ -485,5 +488,6 @@ class ZoneMemoryEntry(BaseModel):
     quota_id: str | None = None
     reason: str = ""
     failures: int = Field(default=1, ge=0)
+    successes: int = Field(default=0, ge=0)  # trust entries: calls the source got right
     until: UtcDateTime | None = None  # None = until cleared
     updated_at: UtcDateTime

@@ -19,7 +19,9 @@ stay queued ("parked") until their own valid-until, no longer counted toward the
 waiting request costs nothing and the provider hands chips to it the moment they appear; so the
 search soon has a request waiting in every pair, as the issue asks of WAITING_FOR_RESOURCES. A
 request that found capacity (PROVISIONING) is never cut short; the first ACTIVE slice wins and every
-other request (parked ones too) is force-deleted and verified gone. A generation whose boot failed (the
+other request (parked ones too) is force-deleted and verified gone. Capacity advice, when given, reorders the
+pairs within a sweep as far as its source has earned trust (:mod:`shared.domain.capacity_advice`); it never
+excludes one. A generation whose boot failed (the
 monitor read ``failed`` from its node's startup script and set FAILED) has every slice deleted and stays FAILED.
 
 This module holds the rules; the actions, policy and naming are in :mod:`shared.domain.planner_actions`
@@ -35,6 +37,7 @@ from datetime import datetime, timedelta
 from shared.domain.attempts import Step
 from shared.domain.backends import blocking_entry_for, learn_for_backend, rank_backends
 from shared.domain.boot_progress import BOOT_FAILED
+from shared.domain.capacity_advice import AdviceScores, advice_weight, order_by_advice
 from shared.domain.cloud import LABEL_GENERATION, ObservedResource, accelerator_family
 from shared.domain.errors import ErrorClass
 from shared.domain.models import (
@@ -151,12 +154,14 @@ def plan(
     startup_script: str = "",
     price: PriceFn = price_per_chip_hour,
     policy: PlannerPolicy | None = None,
+    advice: AdviceScores | None = None,
 ) -> list[Action]:
     """Decide the next safe steps for one deployment.
 
     ``observed`` are the provider's resources carrying this deployment's label (others are ignored);
     ``outcomes`` the results of creates by resource name; ``create_tokens`` how many creates the
-    project's token bucket allows now. Returns memory updates, one ``WriteStatus``, then API calls.
+    project's token bucket allows now; ``advice`` the capacity advice per (zone, tier), which only orders the
+    candidates (shared.domain.capacity_advice). Returns memory updates, one ``WriteStatus``, then API calls.
     """
     planning = _Planning(
         record=record,
@@ -169,6 +174,7 @@ def plan(
         startup_script=startup_script,
         price=price,
         policy=policy or PlannerPolicy(),
+        advice=advice or {},
     )
     return planning.run()
 
@@ -238,6 +244,7 @@ class _Planning(PlanningPass):
                 ref.tier = seen.tier or ref.tier
                 if seen.state is QueuedResourceState.ACTIVE and ref.active_at is None:
                     ref.active_at = self.now
+                    self.learn_advice(ref, granted=True)
                     self.log(ref, Step.ACTIVE, f"ACTIVE after {self.age_s(ref.created_at) / 60:.1f} min")
             if outcome is not None and outcome.done:
                 ref.operation = None
@@ -264,6 +271,8 @@ class _Planning(PlanningPass):
             )
             self.notes.append(f"{cls.value} on create in {ref.zone}: retrying")
             return False
+        if cls in (ErrorClass.STOCKOUT, ErrorClass.FAILED_PRECONDITION):
+            self.learn_advice(ref, granted=False)
         self.remember(
             learn_for_backend(
                 failure,
@@ -534,8 +543,9 @@ class _Planning(PlanningPass):
             policy=self.policy.memory,
         )
         # Sweep every pair before asking again where the search already came up empty (stable sort:
-        # within a sweep the back-end ranking's order stands).
+        # within a sweep the back-end ranking's order stands, reordered by advice as far as it is trusted).
         ranked.sort(key=lambda item: item.candidate.remembered_failures)
+        ranked = order_by_advice(ranked, self.advice, advice_weight(self.memory, self.policy.advice))
         for candidate in ranked:
             if need <= 0 or self.tokens <= 0 or created >= self.policy.max_creates_per_plan:
                 break
@@ -543,7 +553,9 @@ class _Planning(PlanningPass):
                 break
             if candidate.zone in busy_zones or (candidate.zone, candidate.tier) in parked_pairs:
                 continue
-            self.create(candidate.zone, candidate.tier, candidate.backend)
+            self.create(
+                candidate.zone, candidate.tier, candidate.backend, self.advice.get((candidate.zone, candidate.tier))
+            )
             busy_zones.add(candidate.zone)
             need -= 1
             created += 1

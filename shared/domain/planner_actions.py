@@ -12,6 +12,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from shared.domain.capacity_advice import AdvicePolicy
 from shared.domain.cloud import (
     LABEL_DEPLOYMENT,
     LABEL_GENERATION,
@@ -103,6 +104,8 @@ class PlannerPolicy:
     """Knobs of the search. Durations in seconds."""
 
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    advice: AdvicePolicy = field(default_factory=AdvicePolicy)
+    """How far capacity advice may reorder the search (shared.domain.capacity_advice)."""
     expectation_timeout_s: float = 900.0
     """A create recorded but never confirmed nor observed is dropped after this."""
     list_grace_s: float = 180.0

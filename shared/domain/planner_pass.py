@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from shared.domain.attempts import AttemptOutcome, Step
 from shared.domain.backends import blocking_entry_for, candidate_backends
+from shared.domain.capacity_advice import AdviceScores, learn_advice_trust
 from shared.domain.cloud import ObservedResource, ProvisionRequest
 from shared.domain.errors import ErrorClass
 from shared.domain.models import (
@@ -59,6 +60,7 @@ class PlanningPass:
         startup_script: str,
         price: PriceFn,
         policy: PlannerPolicy,
+        advice: AdviceScores,
     ) -> None:
         self.record = record
         self.spec: DeploymentSpec = record.spec
@@ -71,6 +73,7 @@ class PlanningPass:
         self.startup_script = startup_script
         self.price = price
         self.policy = policy
+        self.advice = advice
         self.before = record.status
         # Refs are edited in place, so they are copied; attempt logs are only appended to.
         self.status = record.status.model_copy(
@@ -103,7 +106,9 @@ class PlanningPass:
 
     def log(self, ref: ResourceRef, outcome: AttemptOutcome, detail: str = "") -> None:
         self.attempts.append(
-            AttemptLog(at=self.now, zone=ref.zone, tier=ref.tier, outcome=outcome, detail=detail[:300])
+            AttemptLog(
+                at=self.now, zone=ref.zone, tier=ref.tier, outcome=outcome, detail=detail[:300], advice=ref.advice
+            )
         )
 
     def age_s(self, since: datetime | None) -> float:
@@ -133,8 +138,19 @@ class PlanningPass:
             )
         )
 
+    def learn_advice(self, ref: ResourceRef, *, granted: bool) -> None:
+        """An attempt asked with advice was granted or came up empty: the advice source's trust learns it."""
+        if ref.advice is None:
+            return
+        self.remember(
+            learn_advice_trust(
+                self.memory, obtainability=ref.advice, granted=granted, now=self.now, policy=self.policy.advice
+            )
+        )
+
     def learn_empty(self, ref: ResourceRef, detail: str) -> None:
         """A request that waited without chips teaches the pair a stockout (cooldown and ranking)."""
+        self.learn_advice(ref, granted=False)
         self.remember(
             learn(
                 CloudFailure(ErrorClass.STOCKOUT, detail),
@@ -156,7 +172,7 @@ class PlanningPass:
         window = check * 60 * 2 ** min(failures, 16)
         return window if window < self.spec.valid_until_minutes * 60 else None
 
-    def create(self, zone: str, tier: Tier, backend: Backend | None = None) -> None:
+    def create(self, zone: str, tier: Tier, backend: Backend | None = None, advice: float | None = None) -> None:
         attempt = self.status.next_attempt
         self.status.next_attempt += 1
         name = resource_name(self.record.deployment_id, self.generation, attempt)
@@ -172,6 +188,7 @@ class PlanningPass:
             created_at=self.now,
             state_since=self.now,
             wait_until=self.now + timedelta(seconds=window) if window is not None else None,
+            advice=advice,
         )
         self.refs[name] = ref
         self.tokens -= 1

@@ -1,10 +1,12 @@
-"""TPU telemetry: HBM use per chip, TensorCore duty cycle and HBM bandwidth use, as the node agent samples them.
+"""TPU telemetry: HBM use per chip, TensorCore duty cycle and utilisation, HBM bandwidth use, as the agent samples them.
 
 Why: vLLM on TPU exports no HBM or duty-cycle metrics, so a full HBM or an idle chip under load is invisible in
-``/metrics``. libtpu serves them on the VM (its runtime metrics service, the one ``tpu-info`` reads); the node agent
-samples that service and writes the newest reading to its guest attribute ``tpuctl/telemetry`` (``encode``); the
-monitor reads it back with the boot progress (``read_telemetry``), keeps it in the tick's sample (``telemetry_slis``)
-and the benchmark result keeps a summary of the readings taken during the run (``summarize``).
+``/metrics``. libtpu serves them on the VM (its runtime metrics service, the one ``tpu-info`` reads, and its SDK's
+``tpumonitoring`` for TensorCore utilisation: the share of the matrix units' peak in use, where the duty cycle only
+says the core was busy); the node agent samples both and writes the newest reading to its guest attribute
+``tpuctl/telemetry`` (``encode``); the monitor reads it back with the boot progress (``read_telemetry``), keeps it
+in the tick's sample (``telemetry_slis``) and the benchmark result keeps a summary of the readings taken during the
+run (``summarize``).
 
 The VM is hostile (it parses prompts): its value is cut to ``MAX_RAW_CHARS`` before parsing, a reading with more
 than ``MAX_CHIPS`` chips, a byte count outside ``0..MAX_HBM_BYTES`` or a percentage outside ``0..100`` is refused
@@ -45,18 +47,25 @@ MAX_RAW_CHARS = 16_384
 MAX_HBM_BYTES = 1 << 40  # 1 TiB per chip: far above any TPU's HBM, so only nonsense is refused
 MAX_ERROR_CHARS = 300
 GIB = float(1 << 30)
-TELEMETRY_SLIS = ("tpu_hbm_used_frac_max", "tpu_hbm_used_gib", "tpu_duty_cycle_pct", "tpu_hbm_bandwidth_pct")
+TELEMETRY_SLIS = (
+    "tpu_hbm_used_frac_max",
+    "tpu_hbm_used_gib",
+    "tpu_duty_cycle_pct",
+    "tpu_tensorcore_util_pct",
+    "tpu_hbm_bandwidth_pct",
+)
 
 
 @dataclass(frozen=True)
 class ChipReading:
-    """One chip (or core, where a chip has two): HBM bytes used and total, and the two percentages when known."""
+    """One chip (or core, where a chip has two): HBM bytes used and total, and the percentages when known."""
 
     chip: int
     hbm_used_bytes: int
     hbm_total_bytes: int
     duty_cycle_pct: float | None = None
     hbm_bandwidth_pct: float | None = None
+    tensorcore_util_pct: float | None = None
 
     @property
     def hbm_used_frac(self) -> float:
@@ -81,6 +90,7 @@ def encode(reading: TpuTelemetry) -> str:
             "hbm_total": c.hbm_total_bytes,
             **({"duty_pct": round(c.duty_cycle_pct, 2)} if c.duty_cycle_pct is not None else {}),
             **({"hbm_bw_pct": round(c.hbm_bandwidth_pct, 2)} if c.hbm_bandwidth_pct is not None else {}),
+            **({"tc_util_pct": round(c.tensorcore_util_pct, 2)} if c.tensorcore_util_pct is not None else {}),
         }
         for c in reading.chips
     ]
@@ -114,7 +124,8 @@ def _chip(data: Any) -> ChipReading:
     used, total = _int(data.get("hbm_used"), MAX_HBM_BYTES), _int(data.get("hbm_total"), MAX_HBM_BYTES)
     if chip is None or used is None or total is None or used > total:
         raise ValueError("chip id or HBM bytes out of range")
-    return ChipReading(chip, used, total, _percent(data.get("duty_pct")), _percent(data.get("hbm_bw_pct")))
+    duty, bandwidth, util = (_percent(data.get(name)) for name in ("duty_pct", "hbm_bw_pct", "tc_util_pct"))
+    return ChipReading(chip, used, total, duty, bandwidth, util)
 
 
 def read_telemetry(
@@ -140,7 +151,7 @@ def read_telemetry(
 
 
 def telemetry_slis(reading: TpuTelemetry | None) -> dict[str, float]:
-    """What a monitor sample keeps: the fullest chip's HBM fraction, HBM in use, mean duty cycle and bandwidth."""
+    """What a monitor sample keeps: the fullest chip's HBM fraction, HBM in use, and the means of the percentages."""
     if reading is None or not reading.chips:
         return {}
     chips = reading.chips
@@ -148,17 +159,23 @@ def telemetry_slis(reading: TpuTelemetry | None) -> dict[str, float]:
         "tpu_hbm_used_frac_max": round(max(c.hbm_used_frac for c in chips), 4),
         "tpu_hbm_used_gib": round(sum(c.hbm_used_bytes for c in chips) / GIB, 3),
     }
-    duty = [c.duty_cycle_pct for c in chips if c.duty_cycle_pct is not None]
-    bandwidth = [c.hbm_bandwidth_pct for c in chips if c.hbm_bandwidth_pct is not None]
-    if duty:
-        slis["tpu_duty_cycle_pct"] = round(statistics.fmean(duty), 2)
-    if bandwidth:
-        slis["tpu_hbm_bandwidth_pct"] = round(statistics.fmean(bandwidth), 2)
+    for name, field in _PERCENT_SLIS:
+        values = [getattr(c, field) for c in chips if getattr(c, field) is not None]
+        if values:
+            slis[name] = round(statistics.fmean(values), 2)
     return slis
 
 
+_PERCENT_SLIS = (
+    ("tpu_duty_cycle_pct", "duty_cycle_pct"),
+    ("tpu_tensorcore_util_pct", "tensorcore_util_pct"),
+    ("tpu_hbm_bandwidth_pct", "hbm_bandwidth_pct"),
+)
+
+
 def summarize(readings: Iterable[TpuTelemetry]) -> dict[str, float]:
-    """Beside a benchmark result: how many readings the run saw, peak HBM and mean/peak duty cycle over them."""
+    """Beside a benchmark result: how many readings the run saw, peak HBM, and mean/peak duty cycle and TensorCore
+    utilisation over them."""
     slis = [telemetry_slis(r) for r in readings]
     slis = [s for s in slis if s]
     if not slis:
@@ -168,10 +185,11 @@ def summarize(readings: Iterable[TpuTelemetry]) -> dict[str, float]:
         "hbm_used_frac_peak": max(s["tpu_hbm_used_frac_max"] for s in slis),
         "hbm_used_gib_peak": max(s["tpu_hbm_used_gib"] for s in slis),
     }
-    duty: Sequence[float] = [s["tpu_duty_cycle_pct"] for s in slis if "tpu_duty_cycle_pct" in s]
-    if duty:
-        summary["duty_cycle_pct_mean"] = round(statistics.fmean(duty), 2)
-        summary["duty_cycle_pct_peak"] = max(duty)
+    for name, sli in (("duty_cycle_pct", "tpu_duty_cycle_pct"), ("tensorcore_util_pct", "tpu_tensorcore_util_pct")):
+        values: Sequence[float] = [s[sli] for s in slis if sli in s]
+        if values:
+            summary[f"{name}_mean"] = round(statistics.fmean(values), 2)
+            summary[f"{name}_peak"] = max(values)
     return summary
 
 

@@ -447,6 +447,8 @@ BENCHMARK_RESULT = Record(
                 "hbm_used_gib_peak": Number(high=1e5),
                 "duty_cycle_pct_mean": Number(high=100),
                 "duty_cycle_pct_peak": Number(high=100),
+                "tensorcore_util_pct_mean": Number(high=100),
+                "tensorcore_util_pct_peak": Number(high=100),
             }
         ),
         "records_file": Text(300),

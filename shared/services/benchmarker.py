@@ -43,6 +43,7 @@ from shared.domain.benchmark_headline import sweep_headline
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+from shared.domain.throughput_bound import FLOOR_LOW, TOLERANCE_HIGH, bound_summary, judge_throughput
 from shared.domain.untrusted import clean_benchmark_result, clean_node_system, clean_text
 from shared.logging import scrub_untrusted
 from shared.messages import (
@@ -66,6 +67,7 @@ __all__ = [
     "delete_benchmark_jobs",
     "headline",
     "plan_summary",
+    "throughput_check",
 ]
 
 log = logging.getLogger("tpuctl.benchmarker")
@@ -152,11 +154,8 @@ def plan_summary(record: DeploymentRecord, project: str) -> dict[str, Any]:
 
 
 def _flag_value(argv: Sequence[str], flag: str) -> int | None:
-    if flag in argv:
-        index = argv.index(flag)
-        if index + 1 < len(argv) and argv[index + 1].isdigit():
-            return int(argv[index + 1])
-    return None
+    text = _flag_text(argv, flag)
+    return int(text) if text is not None and text.isdigit() else None
 
 
 class Benchmarker:
@@ -305,6 +304,9 @@ class Benchmarker:
         if event.status == "completed" and result.get("points"):
             history = self._store.list_benchmark_runs(None, limit=self._settings.history_limit)
             comparison = compare_runs(stored, history, regression_share=self._settings.regression_share)
+            check = throughput_check(stored.plan, stored.request, _points(stored))
+            if check is not None:
+                comparison["throughput_bound"] = check
             result["comparison"] = comparison
             result["comparison_table"] = comparison_table(stored, comparison)
         error = clean_text(event.error, _MAX_ERROR_CHARS, redact=_redact) if event.status == "failed" else ""
@@ -391,6 +393,44 @@ def _fits(request: BenchmarkRequest, plan: dict[str, Any]) -> str | None:
             f"exceed the deployment's max_model_len {limit} (lower one of them)"
         )
     return None
+
+
+def _flag_text(argv: Sequence[str], flag: str) -> str | None:
+    index = argv.index(flag) if flag in argv else -1
+    return argv[index + 1] if 0 <= index < len(argv) - 1 else None
+
+
+def throughput_check(
+    plan: dict[str, Any], request: dict[str, Any], points: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Each concurrency level's output throughput against the slice's physical ceiling for the run's model, dtypes
+    and lengths (``shared.domain.throughput_bound``); None for rate sweeps (concurrency unknown) or no known level."""
+    if request.get("mode", "concurrency") != "concurrency":
+        return None
+    flags = [str(flag) for flag in plan.get("flags") or []]
+    max_seqs = _flag_value(flags, "--max-num-seqs")
+    exact = request.get("dataset", "random") == "random"  # exact random prompts; the prompts dataset's are unknown
+    levels = []
+    for point in points:
+        level = _number(point.get("level"))
+        concurrency = min(level, max_seqs) if level is not None and max_seqs else level
+        verdict = judge_throughput(
+            str(plan.get("model")),
+            str(plan.get("accelerator")),
+            concurrency=concurrency,
+            measured_tok_s=point.get("output_throughput"),
+            input_tokens=request.get("input_len") if exact else None,
+            output_tokens=request.get("output_len") if exact else None,
+            prefill=exact,  # random prompts share no prefix a cache could skip
+            weight_dtype="fp8" if _flag_text(flags, "--quantization") == "fp8" else "bfloat16",
+            kv_cache_dtype=_flag_text(flags, "--kv-cache-dtype") or "auto",
+        )
+        if verdict is not None:
+            levels.append({"level": point.get("level"), "concurrency": concurrency, **verdict.as_dict()})
+    if not levels:
+        return None
+    findings = [row["finding"] for row in levels if "finding" in row]
+    return {"levels": levels, "findings": findings, "tolerance_high": TOLERANCE_HIGH, "floor_low": FLOOR_LOW}
 
 
 def _duration_bound(request: dict[str, Any]) -> float:
@@ -590,6 +630,9 @@ def comparison_table(run: BenchmarkRun, comparison: dict[str, Any]) -> str:
             lines.append(f"  changed {key}: {_short(before)} -> {_short(now)}")
     else:
         lines.append("No earlier completed run of this deployment to compare with.")
+    bound = bound_summary(comparison.get("throughput_bound"))
+    if bound:
+        lines.append(bound[:1].upper() + bound[1:])
     for other in comparison.get("other_slices", []):
         note = "" if other.get("same_workload") else " (different workload)"
         lines.append(

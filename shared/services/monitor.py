@@ -32,7 +32,9 @@ until the ready timeout. The rules for stale and hostile values are in ``shared.
 
 TPU telemetry: for a serving deployment (SERVING, DEGRADED, STALLED) the same one read per node per tick returns
 the node agent's ``tpuctl/telemetry`` (HBM per chip, duty cycle, HBM bandwidth from libtpu); a fresh, well-formed
-reading (``telemetry_max_age_s``; ``shared.domain.tpu_telemetry``) adds ``tpu_*`` SLIs to the sample.
+reading (``telemetry_max_age_s``; ``shared.domain.tpu_telemetry``) adds ``tpu_*`` SLIs to the sample. The same
+read carries ``tpuctl/engine``, what vLLM printed at start-up (``shared.domain.engine_facts``): kept on the status
+(``engine``) when it changes, and diffed against the plan in the effective-configuration finding.
 
 Level-triggered and safe to repeat: a deployment sampled less than ``min_sample_interval_s`` ago is skipped, so
 a redelivered tick changes nothing.
@@ -61,6 +63,7 @@ from shared.domain.boot_progress import (
 )
 from shared.domain.canary import CanaryCheck, canary_slis, carried_canary_slis, judge_canary, plan_canary, with_canary
 from shared.domain.effective_config import config_finding
+from shared.domain.engine_facts import EngineFacts, as_record, facts_from, read_engine_facts
 from shared.domain.errors import CloudError, ConflictError, ErrorClass
 from shared.domain.health import (
     MONITORED_PHASES,
@@ -128,6 +131,7 @@ class _Work:
     booting: bool = False  # the node has never served: its attributes carry boot progress
     boot: BootReading | None = None
     telemetry: TpuTelemetry | None = None  # the node agent's newest TPU reading, when fresh
+    engine: EngineFacts | None = None  # what vLLM printed at start-up, as the node agent read it
 
 
 @dataclass
@@ -285,6 +289,7 @@ class Monitor:
                 continue
             item.boot = read_boot(attributes, _clean) if item.booting else None
             item.telemetry = read_node_telemetry(attributes, now, self.settings.telemetry_max_age_s, _clean)
+            item.engine = read_engine_facts(attributes)
 
     def _decide(self, item: _Work, now: datetime) -> _Decision:
         """The tick's verdict on one probe: the sample, the status to store, and at most one healing command.
@@ -334,10 +339,13 @@ class Monitor:
         if boot is not None:
             new_status["boot"] = boot
             wanted = True
+        if item.engine is not None and as_record(item.engine) != status.engine:
+            new_status["engine"], wanted = as_record(item.engine), True
+        engine = item.engine or facts_from(status.engine)
         cache_config = result.metrics.cache_config if result.metrics is not None else None
         found = [
             saturation_finding(room, [sample.slis for sample in item.history], record.spec.health),
-            config_finding(record.spec, cache_config, record.status.findings),
+            config_finding(record.spec, cache_config, record.status.findings, engine),
         ]
         wanted = _with_findings(record, [text for text in found if text], new_status, wanted) or wanted
         if wanted:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.domain.capacity_advice import AdviceScores
 from shared.domain.cloud import ObservedResource, ProvisionRequest
 from shared.domain.errors import (
     CloudError,
@@ -54,6 +55,7 @@ from shared.domain.models import (
     Desired,
     Phase,
     QueuedResourceState,
+    Tier,
     ZoneMemoryEntry,
 )
 from shared.domain.planner import (
@@ -82,7 +84,16 @@ from shared.messages import (
     encode_message,
     message_attributes,
 )
-from shared.ports import Clock, Fence, NodeChannels, SchedulerApi, SchedulerJob, StateStore, TpuApi
+from shared.ports import (
+    CapacityAdvice,
+    Clock,
+    Fence,
+    NodeChannels,
+    SchedulerApi,
+    SchedulerJob,
+    StateStore,
+    TpuApi,
+)
 from shared.services.benchmarker import delete_benchmark_jobs
 from shared.services.janitor import Janitor, JanitorReport
 
@@ -177,8 +188,10 @@ class Provisioner:
         price: PriceFn = price_per_chip_hour,
         channels: NodeChannels | None = None,
         node_metadata: Callable[[str], Mapping[str, str]] | None = None,
+        advice: CapacityAdvice | None = None,
     ) -> None:
         self._store = store
+        self._advice = advice
         self._tpu = tpu
         self._clock = clock
         self._scheduler = scheduler
@@ -480,6 +493,7 @@ class Provisioner:
         memory = {entry.key: entry for entry in self._store.list_zone_memory()}
         outcomes = self._poll_operations(record)
         script = self._startup_script(record.spec)
+        advice = self._advice_for(record)
         for round_number in range(self._settings.max_rounds + 1):
             now = self._clock.now()
             last = round_number == self._settings.max_rounds  # only learns from the refusals, creates nothing
@@ -494,6 +508,7 @@ class Provisioner:
                 startup_script=script,
                 price=self._price,
                 policy=self._settings.planner,
+                advice=advice,
             )
             for action in actions:
                 if isinstance(action, RememberZone):
@@ -517,6 +532,18 @@ class Provisioner:
         result.phase = record.status.phase
         result.message = record.status.message
         return result
+
+    def _advice_for(self, record: DeploymentRecord) -> AdviceScores:
+        """Capacity advice for each allowed tier while the search may create; {} when serving or without a source."""
+        searching = record.status.phase in (Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING)
+        if self._advice is None or record.desired is not Desired.PRESENT or not searching:
+            return {}
+        spec = record.spec
+        scores: dict[tuple[str, Tier], float] = {}
+        for tier in spec.tiers:
+            for zone, score in self._advice.obtainability(spec.accelerator, tier, spec.zones).items():
+                scores[(zone, tier)] = score
+        return scores
 
     def _poll_operations(self, record: DeploymentRecord) -> dict[str, OperationOutcome]:
         """Look at (never wait on) the stored create operations; a 503 just leaves the op for next time."""

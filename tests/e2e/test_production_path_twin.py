@@ -141,6 +141,33 @@ def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: Loc
     assert isinstance(gateway, GatewayCore)
     shown = gateway.get_deployment(SPEC.deployment_id).findings
     assert any("planned fp8 KV cache" in text for text in shown), shown
+    _what_vllm_printed_at_start_up_reaches_the_deployment(cloud, gateway)
+
+
+def _what_vllm_printed_at_start_up_reaches_the_deployment(cloud: LocalCloud, gateway: GatewayCore) -> None:
+    """The node agent reads the engine's config line from the log it ships and writes ``tpuctl/engine``; the
+    monitor keeps it and diffs it: the twin's CPU vLLM serves a capped context on one rank, which the plan did not
+    say, and the finding names both figures."""
+    deadline = time.monotonic() + 180
+    engine: dict[str, object] | None = None
+    while time.monotonic() < deadline and not engine:
+        record = cloud.store.get_deployment(SPEC.deployment_id)
+        engine = record.status.engine if record is not None else None
+        time.sleep(2)
+    assert engine, "the node agent's start-up facts never reached the deployment"
+    assert engine.get("version", "").startswith("v0.") and engine.get("tensor_parallel") == 1, engine
+    served = engine.get("max_model_len")
+    assert isinstance(served, int) and isinstance(engine.get("kv_cache_tokens"), int), engine
+    deadline = time.monotonic() + 120
+    finding = ""
+    while time.monotonic() < deadline and f"vLLM serves {served:,}" not in finding:
+        record = cloud.store.get_deployment(SPEC.deployment_id)
+        assert record is not None
+        finding = next((text for text in record.status.findings if text.startswith("effective config")), "")
+        time.sleep(2)
+    assert f"vLLM serves {served:,}" in finding and "vLLM runs 1" in finding, finding
+    summary = gateway.get_deployment(SPEC.deployment_id).engine_summary
+    assert summary is not None and summary.startswith("vLLM v0.") and f"context {served:,}" in summary, summary
 
 
 def _the_tpu_is_seen_through_the_node_agent(cloud: LocalCloud, vm: TwinVm, result: dict[str, object]) -> None:
@@ -149,9 +176,10 @@ def _the_tpu_is_seen_through_the_node_agent(cloud: LocalCloud, vm: TwinVm, resul
     attribute, where an injected near-full HBM shows with its own figures."""
     summary = result.get("tpu")
     assert isinstance(summary, dict) and summary.get("samples", 0) >= 1, summary
+    assert "tensorcore_util_pct_mean" in summary, summary  # through the libtpu SDK stand-in, in the agent's child
     gib = 1 << 30
     chip = {"chip": 0, "hbm_total_bytes": 32 * gib, "hbm_used_bytes": 31 * gib, "duty_cycle_pct": 97.0}
-    write_devices(vm.tpu_device_path, [{**chip, "hbm_bandwidth_pct": 61.0}], pinned=True)
+    write_devices(vm.tpu_device_path, [{**chip, "hbm_bandwidth_pct": 61.0, "tensorcore_util_pct": 43.5}], pinned=True)
     deadline = time.monotonic() + 240
     slis: dict[str, float] = {}
     while time.monotonic() < deadline and slis.get("tpu_duty_cycle_pct") != 97.0:
@@ -161,6 +189,7 @@ def _the_tpu_is_seen_through_the_node_agent(cloud: LocalCloud, vm: TwinVm, resul
         time.sleep(2)
     assert slis.get("tpu_hbm_used_frac_max") == round(31 / 32, 4), slis
     assert slis.get("tpu_hbm_bandwidth_pct") == 61.0, slis
+    assert slis.get("tpu_tensorcore_util_pct") == 43.5, slis
     write_devices(vm.tpu_device_path, [chip], pinned=False)  # the updater follows vLLM's load again
 
 

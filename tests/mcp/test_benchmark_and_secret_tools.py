@@ -10,6 +10,7 @@ from mcp import Client
 from mcp.types import ElicitResult
 
 from shared.domain.models import BenchmarkRun, Phase
+from shared.domain.throughput_bound import judge_throughput
 from shared.messages import RunBenchmark, new_command_id
 from tests.mcp.conftest import HF_TOKEN, GatewayWorld, refusal_confirmation
 
@@ -98,6 +99,24 @@ class TestResults:
         assert body["previous"]["run_id"] == older.run_id
         assert body["change_pct"]["peak_output_throughput"] == pytest.approx(20.0)
         assert body["change_pct"]["median_ttft_ms_at_knee"] == pytest.approx(-25.0)
+
+    async def test_a_run_judged_against_the_physical_bound_says_so_in_one_line(self, world: GatewayWorld) -> None:
+        judged = run_record("gemma-a", minutes_ago=5, peak=9000.0, ttft=150.0)
+        verdict = judge_throughput("gemma-4-26b-a4b", "v6e-4", concurrency=16, measured_tok_s=9000.0)
+        assert verdict is not None and verdict.finding
+        check = {"levels": [{"level": 16, **verdict.as_dict()}], "findings": [verdict.finding]}
+        judged.result = {**(judged.result or {}), "comparison": {"throughput_bound": check}}
+        old = run_record("gemma-b", minutes_ago=5, peak=600.0, ttft=150.0)  # stored before the check existed
+        for run in (judged, old):
+            world.store.create_benchmark_run(run)
+        result = await call(world, "tpu_get_benchmark", {"run_id": judged.run_id})
+        assert not result.is_error, text(result)
+        summary = result.content[0].text  # the line before the JSON
+        assert summary.endswith(f" {verdict.finding}.")
+        assert "throughput implausibly high: 9,000.0 tok/s measured" in verdict.finding
+        assert result.structured_content["result"]["comparison"]["throughput_bound"] == check
+        plain = await call(world, "tpu_get_benchmark", {"run_id": old.run_id})
+        assert not plain.is_error and "bound" not in plain.content[0].text
 
     async def test_an_unknown_run_is_not_found_and_a_malformed_id_refused(self, world: GatewayWorld) -> None:
         missing = await call(world, "tpu_get_benchmark", {"run_id": new_command_id()})

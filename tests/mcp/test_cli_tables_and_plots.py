@@ -13,6 +13,7 @@ from mcp_client_gateway.cli import EXIT_FAILED, EXIT_OK, _wording, run
 from mcp_client_gateway.cli_output import Output, render_serving_logs
 from mcp_client_gateway.models import ServingLogsView
 from shared.domain.models import BenchmarkRun
+from shared.domain.throughput_bound import judge_throughput
 from tests.mcp.conftest import GatewayWorld
 
 LONG_ID = "gemma-with-a-deployment-name-that-is-long"
@@ -91,6 +92,27 @@ def test_bench_show_prints_every_level_not_only_the_headline(world: GatewayWorld
     assert latest.code == EXIT_OK and latest.stdout == shown.stdout
     none = tpuctl(world, "bench", "show", "gemma-b")
     assert none.code != EXIT_OK and "no benchmark run of 'gemma-b'" in none.stderr
+
+
+def test_bench_show_prints_the_physical_bound_line_only_when_one_was_drawn(world: GatewayWorld) -> None:
+    old, judged = "3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c", "3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6d"
+    seed_run(world, old)
+    seed_run(world, judged, deployment_id="gemma-b")
+    levels = [
+        {"level": level, **verdict.as_dict()}
+        for level, tok_s in ((1, 101.5), (4, 377.0), (16, 912.75))
+        if (verdict := judge_throughput("gemma-4-31b", "v6e-8", concurrency=level, measured_tok_s=tok_s))
+    ]
+    stored = world.store.get_benchmark_run(judged)
+    assert stored is not None and stored.result is not None
+    comparison = {"throughput_bound": {"levels": levels, "findings": []}}
+    world.store.update_benchmark_run(stored.model_copy(update={"result": {**stored.result, "comparison": comparison}}))
+    shown = tpuctl(world, "bench", "show", judged)
+    assert shown.code == EXIT_OK
+    line = next(line for line in shown.stdout.splitlines() if "physical bound" in line)
+    assert line.startswith("throughput against the physical bound: 912.8 tok/s at the peak level, ")
+    assert f"of the bound of {levels[2]['bound_tok_s']:,.0f} tok/s" in line
+    assert "physical bound" not in tpuctl(world, "bench", "show", old).stdout
 
 
 def test_bench_plot_writes_a_page_a_person_can_open_and_refuses_a_run_without_levels(

@@ -205,3 +205,30 @@ class TestFastClock:
     def test_at_wall_speed_there_is_no_warning(self, world: GatewayWorld) -> None:
         plan = world.core.plan(model="gemma-4-26b-a4b", accelerator="v6e-4", zones=["us-east5-b"], ttl_hours=2)
         assert plan.clock_warning is None
+
+
+class TestEngineFacts:
+    """What vLLM printed at start-up, as the monitor kept it: shown as stored, checked again, one line in status."""
+
+    def seed_engine(self, world: GatewayWorld, engine: dict[str, Any]) -> None:
+        record = world.seed("gemma-a")
+        status = record.status.model_copy(update={"engine": engine})
+        world.store.put_deployment(record.model_copy(update={"status": status}), expected_version=record.version)
+
+    async def test_get_deployment_shows_the_facts_and_a_line(self, world: GatewayWorld) -> None:
+        engine = {"version": "v0.32.0", "max_model_len": 512, "tensor_parallel": 1, "attention_backends": ["PALLAS"]}
+        self.seed_engine(world, engine)
+        body = (await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})).structured_content
+        assert body["engine"] == engine
+        assert body["engine_summary"] == "vLLM v0.32.0, context 512, TP 1, attention PALLAS"
+
+    async def test_a_forged_stored_field_is_not_shown(self, world: GatewayWorld) -> None:
+        self.seed_engine(world, {"max_model_len": 512, "quantization": "\x1b]52;c;aGk=\x07"})
+        body = (await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})).structured_content
+        assert body["engine"] == {"max_model_len": 512}
+
+    def test_tpuctl_status_prints_the_engine_row(self, world: GatewayWorld) -> None:
+        self.seed_engine(world, {"version": "v0.32.0", "kv_cache_tokens": 1_048_576, "kv_cache_dtype": "auto"})
+        stdout = io.StringIO()
+        assert run(["status", "gemma-a"], ports=world.ports, stdout=stdout, stderr=io.StringIO()) == EXIT_OK
+        assert "KV 1,048,576 tokens (auto)" in " ".join(stdout.getvalue().split())

@@ -40,6 +40,7 @@ from shared.services.benchmarker import (
     benchmark_job_name,
     delete_benchmark_jobs,
     plan_summary,
+    throughput_check,
 )
 from tests.support.builders import spec_dict
 
@@ -285,6 +286,60 @@ class TestIngest:
         assert best["headline"]["peak_output_throughput"] == 12000.0
         assert best["peak_output_throughput_ratio"] == 3.0
         assert best["same_workload"] is True
+
+    def test_each_level_is_stored_against_the_physical_bound_with_a_finding_when_implausible(
+        self, world: World
+    ) -> None:
+        world.deploy()  # gemma-4-31b bf16 on v6e-4: about 108 tok/s at concurrency 1, 427 at 4 (256 in / 64 out)
+        message = _run()
+        world.benchmarker.handle(message)
+        result = _result(1000.0)
+        result["points"][1]["output_throughput"] = 150.0  # level 4: plausible
+        world.benchmarker.handle(_completed(message, result))
+        stored = world.run(message.command_id).result or {}
+        check = stored["comparison"]["throughput_bound"]
+        (one, four) = check["levels"]
+        assert (one["level"], one["verdict"], four["level"], four["verdict"]) == (
+            1,
+            "implausibly high",
+            4,
+            "plausible",
+        )
+        assert 100 < one["bound_tok_s"] < 110 and one["efficiency"] == pytest.approx(1000.0 / one["bound_tok_s"], 1e-3)
+        assert four["efficiency"] == pytest.approx(150.0 / four["bound_tok_s"], 1e-3)
+        assert check["findings"] == [one["finding"]]
+        assert one["finding"].startswith("throughput implausibly high: 1,000.0 tok/s measured, ")
+        assert "of v6e-4's bound of 108 tok/s for gemma-4-31b at concurrency 1" in one["finding"]
+        assert "Throughput implausibly high: 1,000.0 tok/s measured" in stored["comparison_table"]
+
+    def test_a_slow_level_is_implausibly_low_and_a_rate_sweep_gets_no_bound(self, world: World) -> None:
+        world.deploy()
+        slow = _run()
+        world.benchmarker.handle(slow)
+        world.benchmarker.handle(_completed(slow, _result(2.0)))  # 2 and 8 tok/s: under 5% of the bound
+        check = (world.run(slow.command_id).result or {})["comparison"]["throughput_bound"]
+        assert [row["verdict"] for row in check["levels"]] == ["implausibly low", "implausibly low"]
+        assert len(check["findings"]) == 2 and "8.0 tok/s measured" in check["findings"][1]
+        rate = _run(mode="rate", request_rate=(1.0, 2.0))
+        world.benchmarker.handle(rate)
+        world.benchmarker.handle(_completed(rate, _result(2.0)))
+        comparison = (world.run(rate.command_id).result or {})["comparison"]
+        assert "throughput_bound" not in comparison
+        assert "bound" not in (world.run(rate.command_id).result or {})["comparison_table"]
+
+    def test_the_bound_follows_the_planned_dtypes_and_caps_concurrency_at_max_num_seqs(self) -> None:
+        plan = {
+            "model": "gemma-4-31b",
+            "accelerator": "v6e-4",
+            "flags": ["--max-num-seqs", "2", "--quantization", "fp8", "--kv-cache-dtype", "fp8"],
+        }
+        request = {"mode": "concurrency", "input_len": 256, "output_len": 64, "dataset": "random"}
+        points = [{"level": 1, "output_throughput": 100.0}, {"level": 8, "output_throughput": 100.0}]
+        check = throughput_check(plan, request, points) or {}
+        bf16 = throughput_check({**plan, "flags": []}, request, points[:1]) or {}
+        assert check["levels"][0]["bound_tok_s"] > 1.9 * bf16["levels"][0]["bound_tok_s"]  # fp8 weights
+        assert check["levels"][1]["concurrency"] == 2  # eight asked, two run at once
+        assert throughput_check({**plan, "model": "unknown"}, request, points) is None
 
     def test_a_failed_run_keeps_the_nodes_cause(self, world: World) -> None:
         world.deploy()

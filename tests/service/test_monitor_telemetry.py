@@ -17,6 +17,8 @@ from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe
 from shared.domain.boot_progress import GuestAttribute
+from shared.domain.engine_facts import EngineFacts, as_record
+from shared.domain.engine_facts import encode as encode_facts
 from shared.domain.models import (
     DeploymentRecord,
     DeploymentSpec,
@@ -162,3 +164,28 @@ def test_over_the_cap_serving_nodes_take_turns_and_each_is_read_once_per_period(
     bus.close()
     store.close()
     assert sorted(tpu.nodes_read) == ["dep-a-node", "dep-b-node", "dep-c-node"]
+
+
+def test_what_vllm_printed_at_start_up_is_kept_and_diffed_against_the_plan(world: World) -> None:
+    """The agent's ``tpuctl/engine`` comes with the same read: kept on the status, and a context shorter than the
+    plan's and a refused attention back end become the effective-config finding, which stands on a tick that
+    reads no facts (the node's turn did not come, or the attribute is gone)."""
+    facts = EngineFacts(max_model_len=256, attention_backends=("TORCH_SDPA",), refused_backends=("FLASH_ATTN",))
+    world.tpu.values[("engine", 0)] = encode_facts(facts)
+    world.tick()
+    status = world.store.get_deployment("gemma-a").status  # type: ignore[union-attr]
+    assert status.engine == as_record(facts)
+    (finding,) = [text for text in status.findings if text.startswith("effective config:")]
+    assert "planned a 512-token context, vLLM serves 256" in finding
+    assert "could not use the FLASH_ATTN back end and runs TORCH_SDPA" in finding
+    del world.tpu.values[("engine", 0)]
+    world.tick()
+    again = world.store.get_deployment("gemma-a").status  # type: ignore[union-attr]
+    assert again.engine == as_record(facts) and finding in again.findings
+
+
+def test_forged_start_up_facts_change_nothing(world: World) -> None:
+    world.tpu.values[("engine", 0)] = '{"max_model_len": "512; DROP", "quantization": "\\u001b[31m"}'
+    world.tick()
+    status = world.store.get_deployment("gemma-a").status  # type: ignore[union-attr]
+    assert status.engine is None and not [text for text in status.findings if text.startswith("effective config")]

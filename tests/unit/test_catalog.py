@@ -68,6 +68,19 @@ def test_v6e_hbm_is_the_usable_figure_jax_reports() -> None:
 
 
 @pytest.mark.parametrize(
+    ("family", "bandwidth", "peak"), [("v6e", 1638e9, 918e12), ("v5e", 819e9, 197e12), ("v5p", 2765e9, 459e12)]
+)
+def test_every_slice_carries_its_chips_published_bandwidth_and_compute(
+    family: str, bandwidth: float, peak: float
+) -> None:
+    slices = [slice_ for slice_ in ACCELERATORS.values() if slice_.family == family]
+    assert slices
+    for slice_ in slices:
+        assert (slice_.hbm_bandwidth_bytes_per_s, slice_.peak_bf16_flops) == (bandwidth, peak)
+        assert "docs/reference/vllm.md §8.4" in slice_.source
+
+
+@pytest.mark.parametrize(
     ("text", "dims"), [("1x1", (1, 1)), ("2x4", (2, 4)), ("2x2x1", (2, 2, 1)), ("16x16", (16, 16))]
 )
 def test_topologies_parse_to_their_dimensions(text: str, dims: tuple[int, ...]) -> None:

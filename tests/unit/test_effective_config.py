@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from shared.adapters.vllm_probe import parse_metrics
-from shared.domain.effective_config import TAG, EffectiveConfig, config_finding, planned_kv_tokens
+from shared.domain.effective_config import TAG, EffectiveConfig, config_finding, engine_problems, planned_kv_tokens
+from shared.domain.engine_facts import EngineFacts
 from shared.domain.metrics import MetricsSnapshot
 from shared.domain.models import DeploymentSpec, ServingOptions
 
@@ -90,3 +91,50 @@ def test_a_scrape_without_the_configuration_keeps_the_previous_finding_and_no_ot
     assert config_finding(spec(kv="fp8"), None, previous) == previous[0]
     assert config_finding(spec(kv="fp8"), {}, previous) == previous[0]
     assert config_finding(spec(kv="fp8"), None, ["saturation: headroom 5%"]) is None
+
+
+# What vLLM printed at start-up (shared.domain.engine_facts) against the rest of the plan.
+
+
+def fp8_weights() -> DeploymentSpec:
+    return DeploymentSpec(
+        deployment_id="gemma-a",
+        model="gemma-4-31b",
+        accelerator="v6e-4",
+        zones=("us-east5-b",),
+        serving=ServingOptions(dtype="fp8"),
+    )
+
+
+def test_start_up_facts_that_match_the_plan_raise_nothing() -> None:
+    matching = EngineFacts(quantization="None", max_model_len=8192, tensor_parallel=4, attention_backends=("PALLAS",))
+    assert engine_problems(spec(), matching) == []
+    assert config_finding(spec(), labels(), [], matching) is None
+
+
+def test_fp8_weights_planned_and_nothing_quantised_is_a_problem_and_the_reverse_too() -> None:
+    assert engine_problems(fp8_weights(), EngineFacts(quantization="None")) == [
+        "planned fp8 weights, vLLM quantised nothing: about 2x the HBM for weights"
+    ]
+    assert engine_problems(fp8_weights(), EngineFacts(quantization="fp8")) == []
+    assert engine_problems(spec(), EngineFacts(quantization="int8")) == [
+        "vLLM quantised the weights to int8, which the spec did not ask for"
+    ]
+
+
+def test_a_shorter_context_another_split_and_a_refused_backend_are_named_with_both_figures() -> None:
+    facts = EngineFacts(max_model_len=512, tensor_parallel=1, attention_backends=("TORCH_SDPA",))
+    facts = EngineFacts(**{**facts.__dict__, "refused_backends": ("FLASH_ATTN",)})
+    finding = config_finding(spec(), labels(), [], facts)
+    assert finding is not None and finding.startswith(f"{TAG}: ")
+    assert "planned a 8,192-token context, vLLM serves 512" in finding
+    assert "planned tensor parallel 4, vLLM runs 1" in finding
+    assert "could not use the FLASH_ATTN back end and runs TORCH_SDPA" in finding
+
+
+def test_the_log_stands_in_for_a_cache_config_without_dtype_or_tokens() -> None:
+    bare = {"block_size": "128"}
+    facts = EngineFacts(kv_cache_dtype="auto", kv_cache_tokens=20_000)
+    finding = config_finding(spec(kv="fp8"), bare, [], facts)
+    assert finding is not None and "planned fp8 KV cache, vLLM runs auto" in finding
+    assert "vLLM allocated 20,000" in finding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,7 +26,8 @@ def keep(text: str, limit: int) -> str:
 
 
 def test_what_the_agent_writes_the_monitor_reads_back_unchanged() -> None:
-    sent = TpuTelemetry(NOW, (ChipReading(1, 3 * GIB, 32 * GIB, 12.5, None), ChipReading(0, GIB, 32 * GIB, 99.0, 7.0)))
+    chips = (ChipReading(1, 3 * GIB, 32 * GIB, 12.5, None), ChipReading(0, GIB, 32 * GIB, 99.0, 7.0, 3.25))
+    sent = TpuTelemetry(NOW, chips)
     got = read_telemetry(encode(sent), NOW + timedelta(seconds=5), 180.0, keep)
     assert got is not None and got.sampled_at == NOW
     assert got.chips == tuple(sorted(sent.chips, key=lambda c: c.chip))
@@ -48,10 +50,10 @@ def test_the_error_text_goes_through_the_callers_cleaner() -> None:
     assert got is not None and got.error == "read failed with [redacted] in it" and telemetry_slis(got) == {}
 
 
-def test_a_benchmarks_summary_has_peaks_and_the_mean_duty_cycle() -> None:
+def test_a_benchmarks_summary_has_peaks_and_the_mean_duty_cycle_and_utilisation() -> None:
     readings = [
-        TpuTelemetry(NOW, (ChipReading(0, 8 * GIB, 32 * GIB, 20.0),)),
-        TpuTelemetry(NOW, (ChipReading(0, 24 * GIB, 32 * GIB, 80.0),)),
+        TpuTelemetry(NOW, (ChipReading(0, 8 * GIB, 32 * GIB, 20.0, tensorcore_util_pct=2.0),)),
+        TpuTelemetry(NOW, (ChipReading(0, 24 * GIB, 32 * GIB, 80.0, tensorcore_util_pct=9.0),)),
         TpuTelemetry(NOW, error="no service yet"),
     ]
     assert summarize(readings) == {
@@ -60,8 +62,23 @@ def test_a_benchmarks_summary_has_peaks_and_the_mean_duty_cycle() -> None:
         "hbm_used_gib_peak": 24.0,
         "duty_cycle_pct_mean": 50.0,
         "duty_cycle_pct_peak": 80.0,
+        "tensorcore_util_pct_mean": 5.5,
+        "tensorcore_util_pct_peak": 9.0,
     }
     assert summarize([]) == {}
+
+
+def test_a_sample_keeps_the_mean_utilisation_and_leaves_it_out_when_no_chip_has_one() -> None:
+    both = TpuTelemetry(NOW, (ChipReading(0, GIB, 32 * GIB, tensorcore_util_pct=4.0), ChipReading(1, GIB, 32 * GIB)))
+    assert telemetry_slis(both)["tpu_tensorcore_util_pct"] == 4.0
+    assert "tpu_tensorcore_util_pct" not in telemetry_slis(TpuTelemetry(NOW, (ChipReading(0, GIB, 32 * GIB),)))
+
+
+@pytest.mark.parametrize("util", [101.0, -1.0, "50", float("nan")])
+def test_a_utilisation_outside_a_percentage_refuses_the_reading_whole(util: object) -> None:
+    chip = {"chip": 0, "hbm_used": GIB, "hbm_total": 32 * GIB, "tc_util_pct": util}
+    value = json.dumps({"at": NOW.isoformat(), "chips": [chip]})
+    assert read_telemetry(value, NOW, 180.0, keep) is None
 
 
 def test_the_controller_keeps_the_tpu_summary_of_a_benchmark_and_drops_forged_values() -> None:

@@ -84,6 +84,9 @@ class AcceleratorSpec:
     gke_accelerator: str  # node label cloud.google.com/gke-tpu-accelerator
     runtime: RuntimeSpec
     source: str
+    # Per chip, nominal (docs/reference/vllm.md §8.4); None where unknown, and then no throughput bound is drawn.
+    hbm_bandwidth_bytes_per_s: float | None = None
+    peak_bf16_flops: float | None = None
 
     def __post_init__(self) -> None:
         if chips_in_topology(self.topology) != self.chips:
@@ -93,17 +96,23 @@ class AcceleratorSpec:
 _V6E_SOURCE = (
     "docs/reference/vllm.md §8.1 (1x1/2x2/2x4, 32 GB per chip, runtime v2-alpha-tpuv6e); "
     "usable 31.25 GiB as JAX reports "
-    "(docs/reference/reference-agent.md §6); machine types from docs/reference/reference-agent.md §11"
+    "(docs/reference/reference-agent.md §6); machine types from docs/reference/reference-agent.md §11; "
+    "1638 GBps HBM and 918 TFLOPs bf16 per chip (docs/reference/vllm.md §8.4, Cloud TPU v6e docs)"
 )
 _V5E_SOURCE = (
     "docs/reference/tpu-api.md §2 (V5LITE_POD); 16 GiB per chip, usable 14.49 GiB measured on v5e-1 "
     "(docs/reference/reference-agent.md §11); "
-    "machine types, topology and GKE label from public Cloud TPU v5e docs (not in the project references)"
+    "machine types, topology and GKE label from public Cloud TPU v5e docs (not in the project references); "
+    "819 GBps HBM and 197 TFLOPs bf16 per chip (docs/reference/vllm.md §8.4, Cloud TPU v5e docs)"
 )
 _V5P_SOURCE = (
     "public Cloud TPU v5p docs (not in the project references): v5p-8 = 4 chips (the suffix counts TensorCores), "
-    "95 GiB HBM per chip; usable scaled by the v6e usable/nominal ratio (31.25/32), not measured"
+    "95 GiB HBM per chip; usable scaled by the v6e usable/nominal ratio (31.25/32), not measured; "
+    "2765 GBps HBM and 459 TFLOPs bf16 per chip (docs/reference/vllm.md §8.4, Cloud TPU v5p docs)"
 )
+
+# Per-chip HBM bandwidth (bytes/s) and peak bf16 compute (FLOP/s) by family: docs/reference/vllm.md §8.4.
+_CHIP_FIGURES = {"v6e": (1638e9, 918e12), "v5e": (819e9, 197e12), "v5p": (2765e9, 459e12)}
 
 
 def _entries() -> tuple[AcceleratorSpec, ...]:
@@ -119,7 +128,18 @@ def _entries() -> tuple[AcceleratorSpec, ...]:
     ]
     entries = [
         AcceleratorSpec(
-            name, "v6e", chips, topo, 32.0, 31.25, "v2-alpha-tpuv6e", mt, "tpu-v6e-slice", TPU_RUNTIME, _V6E_SOURCE
+            name,
+            "v6e",
+            chips,
+            topo,
+            32.0,
+            31.25,
+            "v2-alpha-tpuv6e",
+            mt,
+            "tpu-v6e-slice",
+            TPU_RUNTIME,
+            _V6E_SOURCE,
+            *_CHIP_FIGURES["v6e"],
         )
         for name, chips, topo, mt in v6e
     ]
@@ -136,12 +156,24 @@ def _entries() -> tuple[AcceleratorSpec, ...]:
             "tpu-v5-lite-podslice",
             TPU_RUNTIME,
             _V5E_SOURCE,
+            *_CHIP_FIGURES["v5e"],
         )
         for name, chips, topo, mt in v5e
     ]
     entries.append(
         AcceleratorSpec(
-            "v5p-8", "v5p", 4, "2x2x1", 95.0, 92.77, "v2-alpha-tpuv5", None, "tpu-v5p-slice", TPU_RUNTIME, _V5P_SOURCE
+            "v5p-8",
+            "v5p",
+            4,
+            "2x2x1",
+            95.0,
+            92.77,
+            "v2-alpha-tpuv5",
+            None,
+            "tpu-v5p-slice",
+            TPU_RUNTIME,
+            _V5P_SOURCE,
+            *_CHIP_FIGURES["v5p"],
         )
     )
     return tuple(entries)
