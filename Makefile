@@ -40,6 +40,7 @@ test-tools: setup
 	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; \
 	  else echo "test-tools: shellcheck missing and not root; its tests will skip"; fi; }
 	@$(MAKE) --no-print-directory checkov-env
+	@$(MAKE) --no-print-directory gemini-cli || echo "test-tools: Gemini CLI unavailable (npm); the extension install test will skip"
 	@test -x .tools/hclfmt || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go golang-github-hashicorp-hcl-v2-dev >/dev/null \
 	  || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go \
@@ -80,6 +81,23 @@ tiny-model: $(TINY_MODEL_DIR)/config.json
 
 $(TINY_MODEL_DIR)/config.json: | $(VLLM_STAMP)
 	"$(VLLM_PY)" scripts/make_tiny_model.py "$(TINY_MODEL_DIR)"
+
+# The real Gemini CLI (npm, pinned by tests/support/gemini_cli/package-lock.json) for the extension install test,
+# outside the clone and keyed by the lock file's hash like the other caches; tests/mcp/test_gemini_extension.py
+# computes the same path. No install scripts run: the CLI's optional native add-ons are not needed headless.
+GEMINI_LOCK := tests/support/gemini_cli/package-lock.json
+GEMINI_CLI_DIR := $(TPUCTL_CACHE_DIR)/gemini-cli-$(shell sha256sum $(GEMINI_LOCK) | cut -c1-12)
+
+.PHONY: gemini-cli
+gemini-cli: $(GEMINI_CLI_DIR)/.installed
+
+$(GEMINI_CLI_DIR)/.installed: $(GEMINI_LOCK)
+	@command -v npm >/dev/null || { echo "gemini-cli: npm not found (Debian: apt-get install npm)"; exit 1; }
+	rm -rf "$(GEMINI_CLI_DIR)" && mkdir -p "$(GEMINI_CLI_DIR)"
+	cp tests/support/gemini_cli/package.json $(GEMINI_LOCK) "$(GEMINI_CLI_DIR)/"
+	cd "$(GEMINI_CLI_DIR)" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	"$(GEMINI_CLI_DIR)/node_modules/.bin/gemini" --version
+	@touch "$@"
 
 # Best effort inside `make test`: without Python 3.11 or the local torch wheel the vllm-marked tests skip and say why.
 vllm-tier:

@@ -9,6 +9,8 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   ``ours-check10`` (parking with the earlier 10-minute first check).
 * ``ours+advice``: ``ours`` with Compute Engine's capacity advice (issue 21, item 2), read from the simulator
   in-process; only on ``advice-accurate`` and ``advice-noisy`` is the advice anything but noise-free live pools.
+* ``ours+probe``, ``ours+advice+probe``: the same with the spot probe of waiting flex-start requests (issue 21,
+  item 4; ``ProbePolicy`` defaults). Probe nodes count as orphans when left behind, and their billing as waste.
 * ``sequential``: the reference agent's ``find_tpu`` (docs/reference/reference-agent.md §3): candidate zones in
   alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
   after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
@@ -26,6 +28,8 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
 
 The advice plans ``advice-accurate`` and ``advice-noisy`` run one world (``benchmarks/scenarios/advice-accurate.yaml``)
 with advice always right and live, or 60 % right and 15 minutes stale (the shipped ``advice-noisy``'s noise).
+``flex-held`` (``benchmarks/scenarios/flex-held.yaml``) is a flex-start wait held by quota, not capacity, in the region
+the price order asks first, for the spot probe.
 
 Scenarios are the simulator's shipped ``scarce-v6e``, ``reference-agent-zones`` and ``spot-preemptions``,
 each run with a per-run seed (timings, Poisson capacity, preemptions) and capacity timelines jittered
@@ -78,6 +82,7 @@ from shared.domain.cloud import LABEL_DEPLOYMENT, ProvisionRequest
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import DeploymentSpec, NodeState, QueuedResourceState, Tier, region_of
 from shared.domain.planner import PlannerPolicy
+from shared.domain.spot_probe import ProbePolicy
 from shared.domain.zone_memory import estimated_price
 from shared.messages import CreateDeployment, ReconcileTick
 from shared.ports import CapacityAdvice
@@ -91,6 +96,8 @@ SAMPLE_S = 15.0
 POLICIES = (
     "ours",
     "ours+advice",
+    "ours+probe",
+    "ours+advice+probe",
     "ours-no-check",
     "ours-hedge4",
     "ours-no-park",
@@ -105,6 +112,8 @@ ADVICE_WORLDS: dict[str, tuple[Path, dict[str, float]]] = {
     "advice-accurate": (ADVICE_WORLD, {"accuracy": 1.0, "staleness_minutes": 0.0}),
     "advice-noisy": (ADVICE_WORLD, {"accuracy": 0.6, "staleness_minutes": 15.0}),  # the shipped advice-noisy's
 }
+# Worlds of the benchmark's own (benchmarks/scenarios/), by plan name.
+BENCH_WORLDS = {"flex-held": Path(__file__).resolve().parent / "scenarios" / "flex-held.yaml"}
 QR = QueuedResourceState
 _DEAD = (QR.FAILED, QR.SUSPENDING, QR.SUSPENDED)
 _DEAD_NODES = (NodeState.PREEMPTED, NodeState.TERMINATED)
@@ -118,6 +127,7 @@ def seeded_world(plan: ScenarioPlan, seed: int, *, source: Any = None) -> World:
     advice_world = ADVICE_WORLDS.get(plan.name)
     if source is None and advice_world is not None:
         source = advice_world[0]
+    source = BENCH_WORLDS.get(plan.name) if source is None else source
     data = load_scenario(source if source is not None else plan.name).model_dump(mode="json")
     if advice_world is not None:
         data["advice"] = dict(advice_world[1])
@@ -201,12 +211,13 @@ class Ours(Policy):
         *,
         hedge: int | None = None,
         advice: CapacityAdvice | None = None,
+        probe: ProbePolicy | None = None,
     ) -> None:
         super().__init__(plan, world, tpu)
         if hedge is not None:
             self.spec = self.spec.model_copy(update={"hedge": hedge})
         self.store = SqliteStateStore(folder / f"{uuid.uuid4().hex}.db")
-        settings = ProvisionerSettings(holder="bench", planner=planner or PlannerPolicy())
+        settings = ProvisionerSettings(holder="bench", planner=planner or PlannerPolicy(), probe=probe)
         self.provisioner = Provisioner(self.store, tpu, world.clock, settings=settings, advice=advice)
         self.created = False
         self._serving: tuple[str, str, Tier] | None = None
@@ -643,6 +654,9 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
         policy = Ours(plan, world, tpu, folder)
     elif policy_name == "ours+advice":
         policy = Ours(plan, world, tpu, folder, advice=InProcessAdvice(world))
+    elif policy_name in ("ours+probe", "ours+advice+probe"):
+        advice = InProcessAdvice(world) if "advice" in policy_name else None
+        policy = Ours(plan, world, tpu, folder, advice=advice, probe=ProbePolicy())
     elif policy_name == "ours-no-check":
         policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
     elif policy_name == "ours-hedge4":
@@ -658,7 +672,8 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     else:
         policy = SkyPilot(plan, world, tpu)
     result = RunResult(policy_name, plan.name, seed)
-    drive(policy, world, tpu, result, is_up=lambda zone, name: world.qr_state(zone, name) == "ACTIVE")
+    up = lambda zone, name: world.qr_state(zone, name) == "ACTIVE"  # noqa: E731
+    drive(policy, world, tpu, result, is_up=up, orphan_kinds=("queued_resource", "node"))  # nodes: spot probes
     if isinstance(policy, Bound):
         result.first_chips_s = policy.first_chips_s
     result.wall_s = time.perf_counter() - started

@@ -31,6 +31,7 @@ PLANS = {
     "spot-preemptions": ScenarioPlan("spot-preemptions", (Tier.SPOT,), 4 * 3600.0),
     "advice-accurate": ScenarioPlan("advice-accurate", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
     "advice-noisy": ScenarioPlan("advice-noisy", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
+    "flex-held": ScenarioPlan("flex-held", (Tier.FLEX_START,), 4 * 3600.0),
 }
 
 

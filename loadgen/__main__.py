@@ -18,6 +18,7 @@ from loadgen.datasets import find_tokenizer_file, read_prompt_file
 from loadgen.generator import LoadGenerator, Target
 from loadgen.plots import write_plots
 from loadgen.report import result_table
+from loadgen.workloads import read_trace_file
 from shared.domain.errors import PermanentError
 from shared.messages import BenchmarkRequest
 
@@ -43,6 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompt-file", type=Path, help="prompts: one per line, or .jsonl with 'prompt'")
+    parser.add_argument(
+        "--workload",
+        choices=["random", "shared_prefix", "multi_turn", "trace"],
+        help="random (default), shared_prefix, multi_turn, or trace (implied by --trace-file)",
+    )
+    parser.add_argument("--prefix-len", type=int, default=0, help="shared_prefix: tokens of the common prefix")
+    parser.add_argument("--prefix-share", type=float, default=1.0, help="shared_prefix: share of requests with it")
+    parser.add_argument("--turns", type=int, default=4, help="multi_turn: requests per session")
+    parser.add_argument(
+        "--trace-file", type=Path, help="trace to replay: JSON Lines of timestamp (s), input_len, output_len"
+    )
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json, model folder or HF cache (optional)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up requests")
     parser.add_argument("--duration", type=float, help="seconds per level (stops starting requests after)")
@@ -57,7 +69,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     api_key = args.api_key_file.read_text(encoding="utf-8").strip() if args.api_key_file else None
-    entries = read_prompt_file(args.prompt_file) if args.prompt_file else None
+    try:
+        entries = read_prompt_file(args.prompt_file) if args.prompt_file else None
+        trace = read_trace_file(args.trace_file) if args.trace_file else ()
+    except PermanentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     fields: dict[str, object] = {
         "mode": "rate" if args.rate else "concurrency",
         "arrival": args.arrival,
@@ -75,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": "prompts" if entries else "random",
         # the file's prompts go to the generator directly (prompt_entries); one is enough for validation
         "prompts": tuple(text for text, _ in entries[:1]) if entries else (),
+        "workload": args.workload or ("trace" if trace else "random"),
+        "prefix_len": args.prefix_len,
+        "prefix_share": args.prefix_share,
+        "turns": args.turns,
+        "trace": trace,
     }
     if args.rate:
         fields["request_rate"] = args.rate
@@ -84,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         request = BenchmarkRequest.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
-        print(f"error: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", file=sys.stderr)
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        print(f"error: {where}: {message}" if where else f"error: {message}", file=sys.stderr)
         return 2
     tokenizer = find_tokenizer_file(args.tokenizer) if args.tokenizer else None
     generator = LoadGenerator(

@@ -13,8 +13,8 @@ A random prompt is ``input_len`` seeded words drawn from words the tokenizer sho
 count per prompt verifies it); failing that, from seeded pseudo-words: a first guess from the measured tokens
 per word, a search on the word count, then single-letter words to close the last gap. As in ``vllm bench
 serve`` the length is that of the prompt text; the server's ``usage.prompt_tokens`` (recorded per request)
-adds BOS and any chat template. Every prompt of a run is distinct, so vLLM's prefix cache cannot make later
-levels look faster.
+adds BOS and any chat template. Every random prompt of a run is distinct, so vLLM's prefix cache cannot make
+later levels look faster; the workloads that share text on purpose are built in ``loadgen.workloads``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "measure_prompts",
     "random_prompts",
     "read_prompt_file",
+    "sized_prompts",
 ]
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
@@ -289,18 +290,30 @@ async def random_prompts(
     seed: int,
     parallel: int = 16,
 ) -> PromptSet:
-    """``count`` distinct prompts of exactly ``input_len`` tokens (closest found when the tokenizer cannot).
+    """``count`` distinct prompts of exactly ``input_len`` tokens (closest found when the tokenizer cannot)."""
+    if count < 1 or input_len < 1 or output_len < 1:
+        raise DatasetError("count, input_len, output_len: each must be >= 1")
+    prompts = await sized_prompts(counter, [(input_len, output_len)] * count, seed=seed, parallel=parallel)
+    exact = all(prompt.prompt_tokens == input_len for prompt in prompts)
+    return PromptSet(prompts, kind="random", token_source=counter.source, exact=exact)
+
+
+async def sized_prompts(
+    counter: TokenCounter, sizes: Sequence[tuple[int, int]], *, seed: int, parallel: int = 16
+) -> tuple[Prompt, ...]:
+    """One distinct prompt per ``(input_len, output_len)`` of ``sizes``, each of exactly ``input_len`` tokens
+    (closest found when the tokenizer cannot).
 
     Fast path: ``input_len`` words drawn from words that are one token each, one count per prompt to verify;
     a prompt that does not come out exact (and every prompt, without such words) gets the search.
     """
-    if count < 1 or input_len < 1 or output_len < 1:
-        raise DatasetError("count, input_len, output_len: each must be >= 1")
+    if any(input_len < 1 or output_len < 1 for input_len, output_len in sizes):
+        raise DatasetError("input_len, output_len: each must be >= 1")
     slots = asyncio.Semaphore(parallel)
     singles = await _single_token_words(counter, seed, parallel)
     per_word = max(0.05, await counter.count(_Words(seed ^ 0x5EED).text(64)) / 64)
 
-    async def one(index: int) -> Prompt:
+    async def one(index: int, input_len: int, output_len: int) -> Prompt:
         async with slots:
             if singles:
                 rng = random.Random(seed * 1_000_003 + index)
@@ -310,9 +323,7 @@ async def random_prompts(
             text, tokens = await _exact_prompt(counter, seed * 1_000_003 + index, input_len, per_word)
         return Prompt(text=text, prompt_tokens=tokens, output_tokens=output_len)
 
-    prompts = await asyncio.gather(*(one(index) for index in range(count)))
-    exact = all(prompt.prompt_tokens == input_len for prompt in prompts)
-    return PromptSet(tuple(prompts), kind="random", token_source=counter.source, exact=exact)
+    return tuple(await asyncio.gather(*(one(index, *size) for index, size in enumerate(sizes))))
 
 
 def read_prompt_file(path: Path) -> list[tuple[str, int | None]]:

@@ -4,8 +4,10 @@ One run (:meth:`LoadGenerator.run`) does, in order:
 
 1. discover the server: ``GET /v1/models`` (the served id and ``max_model_len``) and ``GET /version``, and refuse
    a workload that cannot fit (``input_len + output_len > max_model_len``) before sending any load;
-2. build distinct prompts for the warm-up and for every level (``loadgen.datasets``), and serialise every
-   request up front, so the measured interval holds nothing but sending and reading;
+2. build the workload's prompts for the warm-up and for every level (``loadgen.workloads``: distinct random
+   prompts, a shared prefix, multi-turn sessions or a replayed trace), and serialise every request up front
+   (a multi-turn session's later turns wait for the answer they resend), so the measured interval holds
+   nothing but sending and reading;
 3. warm up (results dropped), then measure each level in turn:
 
    - **concurrency** N: N workers send back to back; every request "arrives" at the level's start, as with
@@ -13,8 +15,11 @@ One run (:meth:`LoadGenerator.run`) does, in order:
    - **rate** R: arrivals at R per second, Poisson (exponential gaps, seeded) or constant, optionally capped at
      ``max_concurrency`` requests in flight (the excess waits and that wait is the client queue time);
 
+   - **trace**: one level, each request at its trace timestamp (``max_concurrency`` caps requests in flight);
+
    a level ends when its ``num_prompts`` requests are done, or, with ``duration_s``, when no new request may
-   start (requests in flight finish and count);
+   start (requests in flight finish and count); ``/metrics`` is read before and after each level for the
+   server's prefix-cache hit rate (``loadgen.server_cache``);
 4. summarise each level (``loadgen.stats``) and find the sweep's knee.
 
 Measured requests go straight to the httpx transport's ``handle_async_request`` with pre-built
@@ -36,20 +41,13 @@ from typing import Any, Literal
 
 import httpx
 
-from loadgen.datasets import (
-    DatasetError,
-    LocalTokenizer,
-    Prompt,
-    PromptSet,
-    ServerTokenCounter,
-    TokenCounter,
-    UsageTokenCounter,
-    measure_prompts,
-    random_prompts,
-)
+from loadgen.datasets import DatasetError, LocalTokenizer, ServerTokenCounter, TokenCounter, UsageTokenCounter
+from loadgen.server_cache import level_cache_figures, scrape_cache
+from loadgen.sessions import ChatMessages, SessionLevel
 from loadgen.sse import DONE, SseSplitter, read_chunk
 from loadgen.stats import Knee, RequestRecord, SweepPoint, find_knee, summarize
 from loadgen.transport import RECEIPT_CLOCK, StreamingTransport
+from loadgen.workloads import WorkItem, Workload, arrival_offsets, build_workload, trace_offsets
 from shared.domain.errors import PermanentError
 from shared.messages import BenchmarkRequest
 
@@ -149,7 +147,7 @@ class BenchmarkResult:
             "endpoint": self.target.endpoint,
             "model": self.model,
             "server": self.server,
-            "request": self.request.model_dump(mode="json", exclude={"prompts"}),
+            "request": self.request.model_dump(mode="json", exclude={"prompts", "trace"}),
             "dataset": self.dataset,
             "warmup": self.warmup,
             "started_at": self.started_at.isoformat(),
@@ -179,7 +177,10 @@ class LoadGenerator:
         tokenizer_file: Path | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         connect_timeout_s: float = 10.0,
+        text_salt: int | None = None,
     ) -> None:
+        """``text_salt`` fixes the prompts' texts across runs (tests); None draws one per run, so a run never
+        finds its prompts in the server's prefix cache from an earlier run with the same seed."""
         if not target.base_url.startswith(("http://", "https://")):
             raise BenchmarkSetupError(f"base_url: {target.base_url!r} must start with http:// or https://")
         self.target = target
@@ -188,6 +189,7 @@ class LoadGenerator:
         self._tokenizer_file = tokenizer_file
         self._wall_clock = wall_clock
         self._connect_timeout_s = connect_timeout_s
+        self._text_salt = text_salt
         self._headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if target.api_key:
             self._headers["authorization"] = f"Bearer {target.api_key}"
@@ -216,32 +218,34 @@ class LoadGenerator:
         ) as client:
             model, server = await self._discover(client, request)
             levels = _levels(request)
-            per_level = request.num_prompts
             entries = list(prompt_entries or [(text, None) for text in request.prompts])
-            prompt_set = await self._prompts(
-                client, model, request, entries, request.warmup_requests + per_level * len(levels)
-            )
-            prompts = list(prompt_set.prompts)
-            built = [self._build(client, model, prompt, request) for prompt in prompts]
-            warm, measured = built[: request.warmup_requests], built[request.warmup_requests :]
-            warm_prompts, measured_prompts = prompts[: request.warmup_requests], prompts[request.warmup_requests :]
-            warmup = await self._warm_up(warm, warm_prompts, levels[0] if request.mode == "concurrency" else 1)
+            workload = await self._workload(client, model, request, entries, len(levels))
+            cache_before = await scrape_cache(client)
+            if cache_before is not None:
+                server.update(prefix_caching=cache_before.enabled, block_size=cache_before.block_size)
+            warm = [
+                self._build(client, model, item.prompt.text, item.prompt.output_tokens, request)
+                for item in workload.warm
+            ]
+            warm_level = levels[0] if _mode(request) == "concurrency" else 1
+            warmup = await self._warm_up(warm, workload.warm, warm_level)
             points: list[PointResult] = []
             for number, level in enumerate(levels):
                 if self._stop.is_set():
                     break
-                window = slice(number * per_level, (number + 1) * per_level)
-                point = await self._run_level(request, level, measured[window], measured_prompts[window], number)
+                before = await scrape_cache(client)
+                point = await self._run_level(client, model, request, level, workload, number)
+                point.metrics.update(level_cache_figures(before, await scrape_cache(client), point.records))
                 points.append(point)
                 if on_point is not None:
                     on_point(point)
-        knee = find_knee([point.sweep_point() for point in points], request.mode)
+        knee = find_knee([point.sweep_point() for point in points], _mode(request))
         return BenchmarkResult(
             request=request,
             target=self.target,
             model=model,
             server=server,
-            dataset=prompt_set.describe(),
+            dataset=workload.describe(),
             warmup=warmup,
             started_at=started,
             finished_at=self._wall_clock(),
@@ -276,12 +280,9 @@ class LoadGenerator:
                 server["version"] = version.json().get("version")
         except (httpx.HTTPError, ValueError):
             server["version"] = None
-        needed = request.input_len + request.output_len
-        if request.dataset == "random" and isinstance(max_model_len, int) and needed > max_model_len:
-            raise BenchmarkSetupError(
-                f"benchmark.input_len: input_len {request.input_len} + output_len {request.output_len} = {needed} "
-                f"tokens exceed the server's max_model_len {max_model_len} (lower one of them)"
-            )
+        problem = request.context_problem(max_model_len, "the server's") if isinstance(max_model_len, int) else None
+        if problem:
+            raise BenchmarkSetupError(problem)
         return model, server
 
     async def _counter(self, client: httpx.AsyncClient, model: str) -> TokenCounter:
@@ -297,31 +298,37 @@ class LoadGenerator:
             return server
         return UsageTokenCounter(client, model)
 
-    async def _prompts(
+    async def _workload(
         self,
         client: httpx.AsyncClient,
         model: str,
         request: BenchmarkRequest,
         entries: list[tuple[str, int | None]],
-        count: int,
-    ) -> PromptSet:
+        levels: int,
+    ) -> Workload:
         counter = await self._counter(client, model)
-        if request.dataset == "prompts":
-            if not entries:
-                raise BenchmarkSetupError("benchmark.prompts: the prompts dataset needs prompts (or a prompt file)")
-            return await measure_prompts(entries, counter, count=count, output_len=request.output_len)
-        return await random_prompts(
-            counter, count=count, input_len=request.input_len, output_len=request.output_len, seed=request.seed
-        )
+        if request.dataset == "prompts" and not entries:
+            raise BenchmarkSetupError("benchmark.prompts: the prompts dataset needs prompts (or a prompt file)")
+        salt = self._text_salt if self._text_salt is not None else random.SystemRandom().randrange(2**31)
+        text_seed = (request.seed * 1_000_003 + salt) % 2**31
+        return await build_workload(counter, request, entries, levels, text_seed=text_seed)
 
-    def _build(self, client: httpx.AsyncClient, model: str, prompt: Prompt, request: BenchmarkRequest) -> httpx.Request:
+    def _build(
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        prompt: str | ChatMessages,
+        output_tokens: int,
+        request: BenchmarkRequest,
+    ) -> httpx.Request:
+        """A streamed request: ``prompt`` is the completions prompt, or (chat) a user text or the messages."""
         body: dict[str, Any] = {"model": model}
         if self.target.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt.text}]
-            body["max_completion_tokens"] = prompt.output_tokens
+            body["messages"] = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            body["max_completion_tokens"] = output_tokens
         else:
-            body["prompt"] = prompt.text
-            body["max_tokens"] = prompt.output_tokens
+            body["prompt"] = prompt
+            body["max_tokens"] = output_tokens
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if request.ignore_eos:
@@ -333,10 +340,10 @@ class LoadGenerator:
             StreamingTransport.prepare(built)
         return built
 
-    async def _warm_up(self, built: list[httpx.Request], prompts: list[Prompt], level: float) -> dict[str, Any]:
+    async def _warm_up(self, built: list[httpx.Request], items: list[WorkItem], level: float) -> dict[str, Any]:
         if not built:
             return {"requests": 0, "failed": 0}
-        point = await self._concurrency_level(built, prompts, max(1, min(int(level), len(built))), None)
+        point = await self._concurrency_level(built, items, max(1, min(int(level), len(built))), None)
         failed = [record for record in point[0] if not record.success]
         if len(failed) == len(built):
             causes = sorted({record.error for record in failed})
@@ -348,48 +355,60 @@ class LoadGenerator:
 
     async def _run_level(
         self,
+        client: httpx.AsyncClient,
+        model: str,
         request: BenchmarkRequest,
         level: float,
-        built: list[httpx.Request],
-        prompts: list[Prompt],
+        workload: Workload,
         number: int,
     ) -> PointResult:
-        if request.mode == "concurrency":
-            records, origin, duration, stopped = await self._concurrency_level(
-                built, prompts, int(level), request.duration_s
+        mode = _mode(request)
+        cap = int(level) if mode == "concurrency" else request.max_concurrency
+        if request.workload == "multi_turn":
+            sessions = SessionLevel(
+                workload.sessions[number],
+                build=lambda body, tokens: self._build(client, model, body, tokens, request),
+                send=self._send,
+                chat=self.target.endpoint == "chat",
+                stop=self._stop,
+                duration_s=request.duration_s,
             )
-            cap: int | None = int(level)
-            rate: float | None = None
+            if mode == "concurrency":
+                records, origin, duration, stopped = await sessions.run_concurrency(int(level))
+            else:
+                offsets = arrival_offsets(len(sessions.sessions), level, request.arrival, request.seed + number)
+                records, origin, duration, stopped = await sessions.run_rate(offsets, cap)
         else:
-            cap = request.max_concurrency
-            rate = level
-            records, origin, duration, stopped = await self._rate_level(
-                built, prompts, level, cap, request.arrival, request.duration_s, request.seed + number
-            )
-        slo = {
-            name: value
-            for name, value in (
-                ("ttft", request.slo_ttft_ms),
-                ("tpot", request.slo_tpot_ms),
-                ("e2el", request.slo_e2el_ms),
-            )
-            if value is not None
-        }
-        metrics = summarize(records, duration, percentiles=request.percentiles, slo_ms=slo or None) if records else {}
+            items = workload.levels[number]
+            built = [self._build(client, model, item.prompt.text, item.prompt.output_tokens, request) for item in items]
+            if mode == "concurrency":
+                records, origin, duration, stopped = await self._concurrency_level(
+                    built, items, int(level), request.duration_s
+                )
+            else:
+                offsets = (
+                    trace_offsets(request.trace)
+                    if request.workload == "trace"
+                    else arrival_offsets(len(built), level, request.arrival, request.seed + number)
+                )
+                records, origin, duration, stopped = await self._rate_level(
+                    built, items, offsets, cap, request.duration_s
+                )
+            _credit_reuse(records, items)
         return PointResult(
-            mode=request.mode,
+            mode=mode,
             level=level,
             max_concurrency=cap,
-            request_rate=rate,
+            request_rate=None if mode == "concurrency" else level,
             records=records,
             origin=origin,
             duration_s=duration,
             stopped_by=stopped,
-            metrics=metrics,
+            metrics=_summary(records, duration, request),
         )
 
     async def _concurrency_level(
-        self, built: list[httpx.Request], prompts: list[Prompt], workers: int, duration_s: float | None
+        self, built: list[httpx.Request], items: list[WorkItem], workers: int, duration_s: float | None
     ) -> tuple[list[RequestRecord], float, float, Literal["count", "duration", "cancelled"]]:
         records: list[RequestRecord] = []
         origin = time.perf_counter()
@@ -405,7 +424,7 @@ class LoadGenerator:
                 if deadline is not None and time.perf_counter() >= deadline:
                     expired = True
                     return
-                prompt = prompts[index]
+                prompt = items[index].prompt
                 record = RequestRecord(
                     index=index,
                     arrival=origin,
@@ -426,24 +445,20 @@ class LoadGenerator:
     async def _rate_level(
         self,
         built: list[httpx.Request],
-        prompts: list[Prompt],
-        rate: float,
+        items: list[WorkItem],
+        offsets: list[float],
         cap: int | None,
-        arrival: Literal["poisson", "constant"],
         duration_s: float | None,
-        seed: int,
     ) -> tuple[list[RequestRecord], float, float, Literal["count", "duration", "cancelled"]]:
+        """Request ``i`` arrives ``offsets[i]`` seconds after the level starts (Poisson, constant or a trace)."""
         records: list[RequestRecord] = []
         tasks: list[asyncio.Task[None]] = []
         slots = asyncio.Semaphore(cap) if cap else None
-        rng = random.Random(seed)
         origin = time.perf_counter()
         deadline = origin + duration_s if duration_s else None
-        due = origin
         stopped: Literal["count", "duration", "cancelled"] = "count"
-        for index in range(len(built)):
-            if index:
-                due += rng.expovariate(rate) if arrival == "poisson" else 1.0 / rate
+        for index, offset in enumerate(offsets[: len(built)]):
+            due = origin + offset
             if deadline is not None and due >= deadline:
                 stopped = "duration"
                 break
@@ -453,7 +468,7 @@ class LoadGenerator:
             if self._stop.is_set():
                 stopped = "cancelled"
                 break
-            prompt = prompts[index]
+            prompt = items[index].prompt
             record = RequestRecord(
                 index=index,
                 arrival=time.perf_counter(),
@@ -482,8 +497,9 @@ class LoadGenerator:
 
     # --- one request (the measured path) ---------------------------------------------------------------------
 
-    async def _send(self, request: httpx.Request, record: RequestRecord) -> None:
-        """Send one streamed request and fill ``record``; never raises except for cancellation."""
+    async def _send(self, request: httpx.Request, record: RequestRecord, answer: list[str] | None = None) -> None:
+        """Send one streamed request and fill ``record`` (and ``answer`` with the text pieces, when given); never
+        raises except for cancellation."""
         record.start = start = time.perf_counter()
         last = start
         got_token = False
@@ -516,6 +532,8 @@ class LoadGenerator:
                                     record.response_id = info.response_id
                                 last = now
                                 record.token_chunks += 1
+                                if answer is not None:
+                                    answer.append(info.text)
                             if info.completion_tokens is not None:
                                 record.output_tokens = info.completion_tokens
                             if info.prompt_tokens is not None:
@@ -568,7 +586,33 @@ async def _error_text(response: httpx.Response) -> str:
     return collected[:_ERROR_BODY_BYTES].decode("utf-8", "replace")[:300]
 
 
+def _mode(request: BenchmarkRequest) -> Literal["concurrency", "rate"]:
+    """A trace's one level is open loop at its own arrivals: a rate level."""
+    return "rate" if request.workload == "trace" else request.mode
+
+
 def _levels(request: BenchmarkRequest) -> list[float]:
+    if request.workload == "trace":
+        span = request.trace_span_s()
+        return [round(len(request.trace) / span, 6) if span > 0 else float(len(request.trace))]
     if request.mode == "concurrency":
         return [float(level) for level in request.concurrency]
     return [float(rate) for rate in request.request_rate]
+
+
+def _summary(records: list[RequestRecord], duration: float, request: BenchmarkRequest) -> dict[str, Any]:
+    slo = {
+        name: value
+        for name, value in (("ttft", request.slo_ttft_ms), ("tpot", request.slo_tpot_ms), ("e2el", request.slo_e2el_ms))
+        if value is not None
+    }
+    return summarize(records, duration, percentiles=request.percentiles, slo_ms=slo or None) if records else {}
+
+
+def _credit_reuse(records: list[RequestRecord], items: list[WorkItem]) -> None:
+    """Each answered record's ``reused_tokens`` in the server's count: the text an earlier request began with and
+    the special tokens (BOS) the server put before it (its prompt tokens less those the client counted)."""
+    for record in records:
+        reused = items[record.index].reused_tokens
+        if record.success and reused:
+            record.reused_tokens = reused + max(0, record.prompt_tokens - items[record.index].prompt.prompt_tokens)

@@ -13,7 +13,8 @@ Pure: records in, numbers out. Definitions, all on the client's ``time.perf_coun
   number of token chunks; input tokens: ``usage.prompt_tokens`` when present, else the dataset's length;
 - throughput: completed / duration, Σ output / duration, (Σ input + Σ output) / duration, where duration is
   the wall time of the measured requests (warm-up excluded);
-- goodput: requests meeting every SLO given (inclusive) / duration; None when no SLO is given;
+- goodput: requests meeting every SLO given (inclusive) / duration, and their output tokens / duration
+  (``output_goodput``, what the cost at the SLO is priced on); None when no SLO is given;
 - peaks: ``max_output_tokens_per_s`` and ``max_concurrent_requests`` from one-second buckets rebuilt from
   timestamps, as vLLM does;
 - client queue time: arrival (the schedule's time) -> sent, i.e. the wait for the concurrency cap;
@@ -72,6 +73,9 @@ class RequestRecord:
     status: int | None = None
     response_id: str = ""
     """The server's id for the response (``cmpl-...``), to find the request in server logs."""
+    reused_tokens: int = 0
+    """Prompt tokens (as the server counts them) an earlier request of the run began with: what the prefix cache
+    may serve (``loadgen.workloads``)."""
 
     @property
     def client_queue_time(self) -> float:
@@ -93,6 +97,7 @@ class RequestRecord:
             "detail": self.detail,
             "status": self.status,
             "response_id": self.response_id,
+            "reused_tokens": self.reused_tokens,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "token_chunks": self.token_chunks,
@@ -204,13 +209,16 @@ def summarize(
         ttfts.append(record.ttft)
         e2els.append(record.latency)
     good: int | None = None
+    good_output = 0
     if slo_ms:
         limits = {name: value / 1000 for name, value in slo_ms.items()}
         good = 0
-        for ttft, tpot, e2el in zip(ttfts, all_tpots, e2els, strict=True):
+        outputs = [record.counted_output_tokens for record in successes]
+        for ttft, tpot, e2el, output in zip(ttfts, all_tpots, e2els, outputs, strict=True):
             measured = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
             if all(measured[name] <= limit for name, limit in limits.items()):
                 good += 1
+                good_output += output
     max_tokens_per_s, max_concurrent = _peaks(successes)
     queue = [record.client_queue_time for record in successes]
     summary: dict[str, Any] = {
@@ -221,6 +229,7 @@ def summarize(
         "total_output_tokens": total_output,
         "request_throughput": len(successes) / duration_s,
         "request_goodput": None if good is None else good / duration_s,
+        "output_goodput": None if good is None else good_output / duration_s,
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
         "max_output_tokens_per_s": max_tokens_per_s,

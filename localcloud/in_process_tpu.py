@@ -108,6 +108,12 @@ class _WorldClient:
         )
         return _Answer(self._operation(answer))
 
+    def create_node(self, *, request: tpu_v2.CreateNodeRequest, **_: Any) -> _Answer:
+        project, zone, _id = _split(request.parent + "/x")
+        body = json.loads(tpu_v2.Node.to_json(request.node, use_integers_for_enums=False))
+        answer = self._call("create_node", lambda: self._world.create_node(project, zone, request.node_id, body))
+        return _Answer(self._operation(answer))
+
     def get_operation(self, *, request: Mapping[str, str], **_: Any) -> operations_pb2.Operation:
         project, zone, op_id = _split(request["name"])
         return self._operation(self._call("get_operation", lambda: self._world.get_operation(project, zone, op_id)))

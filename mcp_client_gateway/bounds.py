@@ -55,7 +55,9 @@ __all__ = [
     "TAIL_LINES",
     "TEMPERATURE",
     "TOKENS_PER_SECOND",
+    "TRACE_REQUESTS",
     "TTL_HOURS",
+    "TURNS",
     "VALID_UNTIL_MINUTES",
     "WAIT_SECONDS",
     "WINDOW_MINUTES",
@@ -94,6 +96,8 @@ CONCURRENCY_LEVEL = (1, 1024)
 NUM_PROMPTS = (1, 10000)
 INPUT_LEN = (1, 131072)
 OUTPUT_LEN = (1, 32768)
+TURNS = (2, 64)
+TRACE_REQUESTS = 1000  # shared.messages.MAX_TRACE_REQUESTS: a benchmark.run command stays under 64 KiB
 
 # Number ranges: (low, high); "open" ones exclude the low end (gt), the others include it (ge).
 TTL_HOURS = (0.0, 720.0)  # open

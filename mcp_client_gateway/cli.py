@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from rich.text import Text
 
 from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
+from mcp_client_gateway.cli_bench import add_workload_arguments, workload_settings
 from mcp_client_gateway.cli_debug import add_debug_command
 from mcp_client_gateway.cli_output import (
     Output,
@@ -355,6 +356,7 @@ def cmd_bench_run(core: GatewayCore, args: argparse.Namespace, out: Output) -> i
         "input_len": args.input_len,
         "output_len": args.output_len,
         "endpoint": args.endpoint,
+        **workload_settings(args),
     }
     accepted = core.run_benchmark(args.deployment_id, benchmark=benchmark, command_id=args.command_id)
     out.data(accepted, render_accepted)
@@ -624,6 +626,7 @@ def _add_bench_commands(sub: Any, common: argparse.ArgumentParser, waiting: argp
     run_bench.add_argument("--output-len", type=int, default=64)
     run_bench.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
     run_bench.add_argument("--command-id", help="idempotency key (UUID)")
+    add_workload_arguments(run_bench)
     run_bench.set_defaults(handler=cmd_bench_run)
     show = bench_sub.add_parser("show", parents=[common], help="one run with its comparison")
     show.add_argument("run_id", help="a run id, or a deployment id for its newest run")

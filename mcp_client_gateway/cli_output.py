@@ -165,10 +165,11 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
 
 
 def _terms(r: ResourceView) -> str:
-    """The reservation, valid-until and flex-start run cap of one resource, UTC."""
+    """The reservation, valid-until, flex-start run cap (UTC) and spot probe's finding of one resource."""
     terms = [f"reservation {r.reservation}"] if r.reservation else []
     terms += [f"valid until {r.valid_until:%m-%d %H:%M}"] if r.valid_until else []
     terms += [f"run cap ends {r.run_ends_at:%m-%d %H:%M}"] if r.run_ends_at else []
+    terms += [f"held by {r.waiting_on} (spot probe)"] if r.waiting_on else []
     return ", ".join(terms) or "-"
 
 

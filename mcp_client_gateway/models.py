@@ -155,6 +155,9 @@ class ResourceView(_View):
     run_ends_at: datetime | None = Field(
         default=None, description="Flex-start: when the run cap (max_run_hours from ACTIVE) ends and it is deleted."
     )
+    waiting_on: str | None = Field(
+        default=None, description="While waiting: what a spot probe found holds it, 'capacity' or 'quota'."
+    )
 
 
 class DeploymentSummary(_View):
@@ -188,7 +191,10 @@ class AttemptView(_View):
     at: datetime
     zone: str
     tier: str
-    outcome: str = Field(description="requested, active, deleted, expired or an error class (stockout, quota_zone...).")
+    outcome: str = Field(
+        description="requested, active, deleted, expired, a spot probe's probe_sent, probe_capacity, probe_quota or "
+        "probe_inconclusive, or an error class (stockout, quota_zone...)."
+    )
     detail: str = ""
 
 

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         description="A node agent's TPU telemetry reading older than this is left out of the monitor's sample.",
     )
     lease_ttl_s: float = Field(default=120.0, gt=0, description="Reconciler lease length.")
+    spot_probe: bool = Field(
+        default=False,
+        description="Probe a waiting flex-start request with a spot create that never queues, to tell a wait for "
+        "capacity from one held by quota (shared/domain/spot_probe.py; docs/deploy.md, 'The spot probe').",
+    )
     boot_budget_s: float | None = Field(
         default=None,
         gt=0,

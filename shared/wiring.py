@@ -30,7 +30,7 @@ from shared.ports import (
 
 if TYPE_CHECKING:
     from shared.adapters.billing_catalog import PriceBook
-    from shared.domain.models import DeploymentSpec
+    from shared.domain.models import DeploymentSpec, Tier
     from shared.domain.serving_plan import ServingEnvironment
     from shared.services.benchmarker import Benchmarker
     from shared.services.event_seals import EventSeals
@@ -196,12 +196,14 @@ class Runtime:
     @cached_property
     def provisioner(self) -> Provisioner:
         """The provisioner service (shared/services/provisioner.py) on this runtime's ports."""
+        from shared.domain.spot_probe import ProbePolicy
         from shared.services.provisioner import Provisioner, ProvisionerSettings, reconcile_tick_job
 
         settings = ProvisionerSettings(
             lease_ttl_s=self.settings.lease_ttl_s,
             tick_job=reconcile_tick_job(self.topic("ticks")),
             holder=f"provisioner-{socket.gethostname()}-{os.getpid()}",  # who holds a lease, in logs and records
+            probe=ProbePolicy() if self.settings.spot_probe else None,
         )
         return Provisioner(
             self.store,
@@ -255,7 +257,8 @@ class Runtime:
 
     @cached_property
     def benchmarker(self) -> Benchmarker:
-        """The benchmark service: records runs, dispatches them to the node agent, ingests results."""
+        """The benchmark service: records runs, dispatches them to the node agent, ingests results (each level
+        priced at the live catalog's price for the deployment's tier, read when the first result arrives)."""
         from shared.services.benchmarker import Benchmarker, BenchmarkerSettings
 
         settings = BenchmarkerSettings(
@@ -263,7 +266,11 @@ class Runtime:
             topic_commands=self.settings.topic_commands,
             topic_node_tasks=self.settings.topic_node_tasks,
         )
-        return Benchmarker(self.store, self.bus, self.clock, scheduler=self.scheduler, settings=settings)
+
+        def price(zone: str, tier: Tier, family: str) -> tuple[float, str] | None:
+            return self.prices.lookup(zone, tier, family)
+
+        return Benchmarker(self.store, self.bus, self.clock, scheduler=self.scheduler, settings=settings, price=price)
 
     @cached_property
     def node_tasks(self) -> NodeTasks:

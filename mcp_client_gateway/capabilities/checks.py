@@ -43,6 +43,7 @@ DESTRUCTIVE: tuple[str, ...] = ("delete", "stop", "restart")
 _RESERVATION = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BENCHMARK_KEYS = 32
 _BENCHMARK_LIST_ITEMS = 1000
+_BENCHMARK_ITEM_KEYS = 8
 _BENCHMARK_TEXT_CHARS = 32768
 
 
@@ -125,6 +126,14 @@ def _check_benchmark_value(field: str, value: Any, depth: int) -> None:
             raise GatewayError("invalid_argument", field, "has too many items", "see tpu_run_benchmark")
         for index, item in enumerate(value):
             _check_benchmark_value(f"{field}[{index}]", item, depth + 1)
+        return
+    if isinstance(value, dict) and depth == 1:  # a list of small records: a trace's requests
+        if len(value) > _BENCHMARK_ITEM_KEYS:
+            raise GatewayError("invalid_argument", field, "has too many fields", "see tpu_run_benchmark")
+        for key, item in value.items():
+            if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", key):
+                raise GatewayError("invalid_argument", field, "has a key that is not a field name", "see the schema")
+            _check_benchmark_value(f"{field}.{key}", item, depth + 1)
         return
     raise GatewayError("invalid_argument", field, "is not a number, text or a list of these", "see the schema")
 

@@ -323,8 +323,8 @@ def _teardown_reason(record: DeploymentRecord) -> str:
 
 def _resource(ref: Any, spec: DeploymentSpec) -> ResourceView:
     """A resource with its terms: the reservation it draws on, the queued request's valid-until while it waits
-    (``created_at`` + the spec's ``valid_until_minutes``, as sent), and a flex-start slice's run-cap expiry
-    (``active_at`` + ``max_run_hours``: the provider deletes it then)."""
+    (``created_at`` + the spec's ``valid_until_minutes``, as sent) and what a spot probe found holds it, and a
+    flex-start slice's run-cap expiry (``active_at`` + ``max_run_hours``: the provider deletes it then)."""
     waiting = ref.created_at is not None and ref.active_at is None
     flex = ref.tier is Tier.FLEX_START and ref.active_at is not None
     return ResourceView(
@@ -339,6 +339,7 @@ def _resource(ref: Any, spec: DeploymentSpec) -> ResourceView:
         endpoint=ref.endpoint,
         created_at=ref.created_at,
         active_at=ref.active_at,
+        waiting_on=ref.probe if waiting and ref.probe in ("capacity", "quota") else None,
     )
 
 

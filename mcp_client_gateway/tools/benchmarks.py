@@ -6,7 +6,7 @@ No ``from __future__ import annotations`` here: the SDK reads these signatures a
 from typing import Annotated, Any, Literal
 
 from mcp.types import CallToolResult
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.benchmarks import throughput_bound_line
@@ -23,8 +23,52 @@ from mcp_client_gateway.tools.common import (
     run,
     tool_result,
 )
+from shared.domain.bench_economics import economics_lines
 
-__all__ = ["register"]
+__all__ = ["TraceEntry", "register"]
+
+
+class TraceEntry(BaseModel):
+    """One request of a trace to replay (as in a trace file line)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    timestamp: float = Field(description="Arrival, seconds (only differences matter).", ge=0, le=1e10)
+    input_len: int = Field(description="Prompt tokens.", ge=bounds.INPUT_LEN[0], le=bounds.INPUT_LEN[1])
+    output_len: int = Field(description="Generated tokens.", ge=bounds.OUTPUT_LEN[0], le=bounds.OUTPUT_LEN[1])
+
+
+WorkloadArg = Annotated[
+    Literal["random", "shared_prefix", "multi_turn", "trace"],
+    Field(
+        description="random: distinct prompts; shared_prefix: a common prefix (prefix_len, prefix_share) the "
+        "prefix cache can reuse; multi_turn: sessions of 'turns' requests, each resending its history; trace: "
+        "replay 'trace' at its timestamps."
+    ),
+]
+PrefixLenArg = Annotated[
+    int | None, Field(description="shared_prefix: tokens of the common prefix, below input_len.", ge=1, le=131071)
+]
+PrefixShareArg = Annotated[
+    float | None, Field(description="shared_prefix: fraction of requests that carry the prefix (0-1).", ge=0, le=1)
+]
+TurnsArg = Annotated[
+    int | None, Field(description="multi_turn: requests per session.", ge=bounds.TURNS[0], le=bounds.TURNS[1])
+]
+TraceArg = Annotated[
+    list[TraceEntry] | None,
+    Field(description="trace: the requests to replay, in timestamp order.", max_length=bounds.TRACE_REQUESTS),
+]
+
+
+def _settings(optional: dict[str, Any], trace: list[TraceEntry] | None) -> dict[str, Any]:
+    """The optional benchmark settings given (the default workload, random, is left out like any default)."""
+    given = {key: value for key, value in optional.items() if value is not None}
+    if given.get("workload") == "random":
+        del given["workload"]
+    if trace:
+        given["trace"] = [entry.model_dump() for entry in trace]
+    return given
 
 
 def register(tools: ToolSet) -> None:
@@ -73,11 +117,18 @@ def _register_run(tools: ToolSet) -> None:
             slo_tpot_ms: Annotated[
                 float | None, Field(description="TPOT SLO for goodput.", gt=bounds.SLO_MS[0], le=bounds.SLO_MS[1])
             ] = None,
+            workload: WorkloadArg = "random",
+            prefix_len: PrefixLenArg = None,
+            prefix_share: PrefixShareArg = None,
+            turns: TurnsArg = None,
+            trace: TraceArg = None,
             command_id: CommandIdArg = None,
         ) -> Annotated[CallToolResult, CommandAccepted]:
             """Benchmark a SERVING deployment on its own VM (no network in the measurement): TTFT, TPOT, ITL,
-            E2EL percentiles, throughput and goodput per level. Returns command_id at once (it is the run id);
-            a sweep takes minutes. Follow with tpu_get_operation, then read tpu_get_benchmark."""
+            E2EL percentiles, throughput, goodput, the server's prefix-cache hit rate against the client's
+            expectation, tokens/s per chip and $ per million output tokens (also at the SLO) per level. Returns
+            command_id at once (it is the run id); a sweep takes minutes. Follow with tpu_get_operation, then read
+            tpu_get_benchmark."""
             benchmark: dict[str, Any] = {
                 "mode": mode,
                 "concurrency": concurrency,
@@ -86,12 +137,9 @@ def _register_run(tools: ToolSet) -> None:
                 "output_len": output_len,
                 "endpoint": endpoint,
             }
-            if request_rate:
-                benchmark["request_rate"] = request_rate
-            if slo_ttft_ms is not None:
-                benchmark["slo_ttft_ms"] = slo_ttft_ms
-            if slo_tpot_ms is not None:
-                benchmark["slo_tpot_ms"] = slo_tpot_ms
+            workload_fields = {"workload": workload, "prefix_len": prefix_len, "prefix_share": prefix_share}
+            optional = {"request_rate": request_rate or None, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
+            benchmark.update(_settings({**optional, **workload_fields, "turns": turns}, trace))
             accepted = await run(lambda: core.run_benchmark(deployment_id, benchmark=benchmark, command_id=command_id))
             return tool_result(accepted, accepted_summary(accepted))
 
@@ -118,7 +166,9 @@ def _register_get(tools: ToolSet) -> None:
         view = await run(lambda: core.get_benchmark(run_id))
         figures = ", ".join(f"{k} {v:g}" for k, v in list(view.headline.items())[:4]) or "no figures yet"
         bound = throughput_bound_line(view.result)
-        return tool_result(view, f"Run {run_id} {view.status}: {figures}." + (f" {bound}." if bound else ""))
+        cost = " ".join(economics_lines((view.result or {}).get("economics"))[1:])  # the cheapest level, at the SLO
+        summary = f"Run {run_id} {view.status}: {figures}." + (f" {bound}." if bound else "")
+        return tool_result(view, summary + (f" {cost}" if cost else ""))
 
 
 def _register_compare(tools: ToolSet) -> None:

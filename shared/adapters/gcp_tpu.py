@@ -329,6 +329,8 @@ class GcpTpuApi:
         if "tags" in placement:
             node.tags = placement["tags"]
         parent = self._parent(request.zone)
+        if not request.queued:
+            return self._create_bare_node(request, node)
         queued = tpu_v2.QueuedResource(
             tpu=tpu_v2.QueuedResource.Tpu(
                 node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=request.node_id, node=node)]
@@ -356,6 +358,17 @@ class GcpTpuApi:
         )
         with in_request_zone(request.zone), translated():
             operation = self.client.create_queued_resource(request=create, timeout=self._timeout_s)
+        return _op_status(operation.operation)
+
+    def _create_bare_node(self, request: ProvisionRequest, node: Any) -> OperationStatus:
+        """``nodes.create``: no queue, so a zone without capacity fails the operation at once (code 8). The node id
+        is the idempotency key (the call takes no request id): a repeat answers ALREADY_EXISTS."""
+        if request.tier not in (Tier.SPOT, Tier.ON_DEMAND):
+            raise CloudError(ErrorClass.INVALID, "queued: a bare node is spot or on-demand (flex-start always queues)")
+        node.scheduling_config = tpu_v2.SchedulingConfig(spot=request.tier is Tier.SPOT)
+        create = tpu_v2.CreateNodeRequest(parent=self._parent(request.zone), node_id=request.node_id, node=node)
+        with in_request_zone(request.zone), translated():
+            operation = self.client.create_node(request=create, timeout=self._timeout_s)
         return _op_status(operation.operation)
 
     def _create_flex(self, request: ProvisionRequest, labels: dict[str, str]) -> OperationStatus:

@@ -34,6 +34,10 @@ class Step(StrEnum):
     SUSPENDED = "suspended"  # suspended by a user action
     PREEMPTED = "preempted"  # spot capacity taken back
     HEDGE_LOST = "hedge_lost"  # a second slice came up; the first one is kept
+    PROBE_SENT = "probe_sent"  # a spot probe was sent for a waiting request (shared.domain.spot_probe)
+    PROBE_CAPACITY = "probe_capacity"  # the probe stocked out: the request waits for capacity
+    PROBE_QUOTA = "probe_quota"  # the probe was granted: capacity exists, the request is held by quota
+    PROBE_INCONCLUSIVE = "probe_inconclusive"  # another error, or no answer in time
 
 
 AttemptOutcome = Step | ErrorClass
@@ -56,6 +60,10 @@ OUTCOME_TEXT: dict[Step | ErrorClass, str] = {
     Step.SUSPENDED: "suspended",
     Step.PREEMPTED: "PREEMPTED",
     Step.HEDGE_LOST: "hedge lost",
+    Step.PROBE_SENT: "spot probe sent",
+    Step.PROBE_CAPACITY: "spot probe stocked out: waiting for capacity",
+    Step.PROBE_QUOTA: "spot probe granted: held by quota, not capacity",
+    Step.PROBE_INCONCLUSIVE: "spot probe inconclusive",
     ErrorClass.STOCKOUT: "stockout",
     ErrorClass.QUOTA_ZONE: "zone quota exhausted",
     ErrorClass.QUOTA_REGION: "region quota exhausted",

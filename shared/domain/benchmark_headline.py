@@ -41,6 +41,12 @@ HEADLINE_DIRECTIONS: dict[str, Literal["high", "low"]] = {
     "mean_itl_ms": "low",
     "p99_itl_ms": "low",
     "mean_e2el_ms": "low",
+    # economics (``shared.domain.bench_economics``, written by the controller)
+    "peak_output_tokens_per_s_per_chip": "high",
+    "usd_per_million_output_tokens_at_peak": "low",
+    "usd_per_million_output_tokens_at_slo": "low",
+    "goodput_tokens_per_s_per_chip_at_slo": "high",
+    "prefix_cache_hit_rate_at_peak": "high",
 }
 
 
@@ -144,4 +150,28 @@ def sweep_headline(result: Mapping[str, Any] | None) -> dict[str, Any]:
         "p99_ttft_ms_at_knee": _number(at.get("p99_ttft_ms")),
         "median_itl_ms_at_knee": _number(at.get("median_itl_ms")),
         "p99_itl_ms_at_knee": _number(at.get("p99_itl_ms")),
+        **_economics_at(result, peak),
     }
+
+
+def _economics_at(result: Mapping[str, Any] | None, peak: Mapping[str, Any]) -> dict[str, Any]:
+    """The peak level's tokens per second per chip and price per million output tokens, the cheapest price at the
+    SLO with its goodput per chip, and the server's prefix-cache hit rate at the peak, where the result has them."""
+    figures: dict[str, Any] = {}
+    hit_rate = _number(peak.get("prefix_cache_hit_rate"))
+    if hit_rate is not None:
+        figures["prefix_cache_hit_rate_at_peak"] = hit_rate
+    economics = (result or {}).get("economics")
+    if not isinstance(economics, Mapping):
+        return figures
+    rows = economics.get("points")
+    level = _number(peak.get("level"))
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, Mapping) and level is not None and _number(row.get("level")) == level:
+            figures["peak_output_tokens_per_s_per_chip"] = _number(row.get("output_tokens_per_s_per_chip"))
+            figures["usd_per_million_output_tokens_at_peak"] = _number(row.get("usd_per_million_output_tokens"))
+    at_slo = economics.get("cheapest_at_slo")
+    if isinstance(at_slo, Mapping):
+        figures["usd_per_million_output_tokens_at_slo"] = _number(at_slo.get("usd_per_million_output_tokens_at_slo"))
+        figures["goodput_tokens_per_s_per_chip_at_slo"] = _number(at_slo.get("goodput_tokens_per_s_per_chip"))
+    return {key: value for key, value in figures.items() if value is not None}

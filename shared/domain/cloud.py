@@ -17,6 +17,7 @@ __all__ = [
     "LABEL_DEPLOYMENT",
     "LABEL_GENERATION",
     "LABEL_MANAGED_BY",
+    "LABEL_PROBE",
     "NodePlacement",
     "ObservedResource",
     "OperationStatus",
@@ -27,6 +28,8 @@ __all__ = [
 LABEL_DEPLOYMENT = "tpuctl-deployment"
 LABEL_GENERATION = "tpuctl-generation"
 LABEL_MANAGED_BY = "managed-by"
+LABEL_PROBE = "tpuctl-probe"
+"""On a spot probe's node: the waiting request it probes for. The planner never adopts such a node as a slice."""
 
 
 _EMAIL = r"^[a-z0-9][-a-z0-9]{4,62}@[a-z0-9][-a-z0-9.:]{0,100}\.gserviceaccount\.com$"
@@ -89,6 +92,9 @@ class ProvisionRequest(BaseModel):
     """Instance metadata beside the startup script (the deployment's event key): never printed or dumped."""
     service_account: str | None = None
     backend: Backend = Backend.TPU_API
+    queued: bool = True
+    """False: a bare node (the TPU API's ``nodes.create``), which never queues: with no capacity it fails at once
+    (code 8). The spot probe asks this way; on Compute Engine every spot create is already one that never queues."""
 
 
 class OperationStatus(BaseModel):

@@ -36,16 +36,22 @@ __all__ = [
     "NodeState",
     "NodeTask",
     "Phase",
+    "ProbeVerdict",
     "QueuedResourceState",
     "RejectedMessage",
     "ResourceRef",
     "ServingOptions",
+    "SpotProbe",
     "Tier",
     "Zone",
     "ZoneMemoryEntry",
     "region_of",
     "utc",
 ]
+
+ProbeVerdict = Literal["capacity", "quota", "inconclusive"]
+"""What a spot probe found: no spot capacity (the wait is for capacity), spot granted at once (capacity exists, so the
+wait is held by quota or entitlement), or neither (another error, or no answer in time)."""
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
@@ -290,6 +296,27 @@ class ResourceRef(BaseModel):
     delete_requested_at: UtcDateTime | None = None  # set before the delete call; the ref leaves once gone
     wait_until: UtcDateTime | None = None  # capacity-check deadline while WAITING (None: its own valid-until)
     advice: float | None = None  # capacity advice's obtainability when it was asked for (None: no advice)
+    probe: ProbeVerdict | None = None  # what a spot probe found holds this waiting request (shared.domain.spot_probe)
+
+
+class SpotProbe(BaseModel):
+    """A spot create sent to tell what holds one of the deployment's waiting requests (shared.domain.spot_probe).
+
+    Recorded before the create call (``confirmed`` False until the call returned), kept until the probe node is
+    confirmed gone: ``verdict`` is set once the create failed or was granted, then the node is deleted at once.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    zone: str
+    backend: Backend = Backend.TPU_API
+    of: str  # the waiting request (ResourceRef.name) it probes for
+    sent_at: UtcDateTime
+    confirmed: bool = False
+    operation: str | None = None
+    verdict: ProbeVerdict | None = None
+    delete_requested_at: UtcDateTime | None = None
 
 
 class AttemptLog(BaseModel):
@@ -337,6 +364,7 @@ class DeploymentStatus(BaseModel):
     resources: list[ResourceRef] = Field(default_factory=list)
     attempts: list[AttemptLog] = Field(default_factory=list)
     next_attempt: int = 0
+    probes: list[SpotProbe] = Field(default_factory=list)  # spot probes in flight (shared.domain.spot_probe)
     slis: dict[str, float] = Field(default_factory=dict)
     spend_usd: float = 0.0
     billed_until: UtcDateTime | None = None  # spend_usd covers ACTIVE time up to here

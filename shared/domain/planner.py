@@ -75,9 +75,11 @@ from shared.domain.zone_memory import (
     PriceFn,
     estimated_price,
     forget_on_success,
+    is_active,
     learn,
     learn_preemption,
     learn_stuck,
+    quota_bound_key,
     quota_released,
     rate_limited_until,
     stockout_key,
@@ -129,7 +131,7 @@ _DEAD_NODES = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED})
 
 def needs_ticks(record: DeploymentRecord) -> bool:
     """True while reconcile ticks still have work for this deployment (the tick job must stay on)."""
-    if record.status.resources:
+    if record.status.resources or record.status.probes:
         return True
     phase = record.status.phase
     if record.desired is Desired.ABSENT:
@@ -564,12 +566,16 @@ class _Planning(PlanningPass):
     def checked_out(self, ref: ResourceRef) -> bool:
         """Still queued past its capacity check (and not yet past its own valid-until)."""
         queued = ref.state in (QueuedResourceState.WAITING, QueuedResourceState.ACCEPTED)
-        if not queued or ref.wait_until is None or self.now < ref.wait_until or ref.created_at is None:
+        quota_bound = self.quota_bound(ref)  # a spot probe found the wait held by quota: no capacity check to wait out
+        unchecked = ref.wait_until is None or self.now < ref.wait_until
+        if not queued or (unchecked and not quota_bound) or ref.created_at is None:
             return False
         return self.now < ref.created_at + timedelta(minutes=self.spec.valid_until_minutes)
 
     def park(self, ref: ResourceRef) -> None:
         """Keep a checked request queued; the pair's empty check is learned once (it ranks and times the pair)."""
+        if self.quota_bound(ref):
+            return  # not a capacity check: the probe's verdict and the region's quota-bound block were learned
         key = stockout_key(ref.zone, accelerator_family(self.spec.accelerator), ref.tier)
         entry = self.memory.get(key)
         if entry is not None and ref.wait_until is not None and entry.updated_at >= ref.wait_until:
@@ -578,6 +584,12 @@ class _Planning(PlanningPass):
         detail = f"no capacity after a {minutes:.0f}-minute capacity check; the request stays queued"
         self.learn_empty(ref, detail)
         self.log(ref, Step.PARKED, detail)
+
+    def quota_bound(self, ref: ResourceRef) -> bool:
+        """A spot probe found this wait, or another of its tier in its region, held by quota (shared.domain.spot_probe):
+        the region's quota holds them all, so none has a capacity check to wait out."""
+        entry = self.memory.get(quota_bound_key(ref.zone, ref.tier, self.spec.accelerator))
+        return ref.probe == "quota" or (entry is not None and is_active(entry, self.now))
 
     def give_up_if_overdue(self, ref: ResourceRef) -> bool:
         """Past its capacity check or its own valid-until, or PROVISIONING too long: force-delete, cool the pair."""

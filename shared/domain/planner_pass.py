@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from shared.domain.attempts import AttemptOutcome, Step
 from shared.domain.backends import blocking_entry_for, candidate_backends
 from shared.domain.capacity_advice import AdviceScores, learn_advice_trust
-from shared.domain.cloud import ObservedResource, ProvisionRequest
+from shared.domain.cloud import LABEL_PROBE, ObservedResource, ProvisionRequest
 from shared.domain.errors import ErrorClass
 from shared.domain.models import (
     AttemptLog,
@@ -79,7 +79,9 @@ class PlanningPass:
         self.status = record.status.model_copy(
             update={"resources": [ref.model_copy() for ref in record.status.resources]}
         )
-        self.observed = {o.name: o for o in observed if o.owned_by == record.deployment_id}
+        self.observed = {
+            o.name: o for o in observed if o.owned_by == record.deployment_id and LABEL_PROBE not in o.labels
+        }  # a spot probe's node is never a slice (shared.domain.spot_probe)
         self.refs: dict[str, ResourceRef] = {r.name: r for r in self.status.resources}
         self.memory_actions: list[Action] = []
         self.calls: list[Action] = []

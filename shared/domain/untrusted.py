@@ -62,7 +62,7 @@ __all__ = [
 
 DROPPED_KEY = "fields_dropped"
 """Where stored node-reported data keeps how many fields cleaning dropped (absent when none)."""
-CONTROLLER_RESULT_KEYS = frozenset({"event_id", "comparison", "comparison_table"})
+CONTROLLER_RESULT_KEYS = frozenset({"event_id", "comparison", "comparison_table", "economics"})
 """Keys of a stored benchmark result that the controller writes itself (never taken from the node)."""
 SYSTEM_TEXT_CHARS = 200
 """Bound of every text field of the node's system details."""
@@ -349,6 +349,7 @@ def node_system_view(system: Mapping[Any, Any] | None) -> tuple[dict[str, Any] |
 _MS = Number(high=1e12)
 _RATE = Number(high=1e12)
 _TOKENS = Number(integer=True, high=1e15)
+_SHARE = Number(high=1)
 _LEVELS = 16
 _METRIC_KEY = re.compile(
     r"(?:mean|median|std|p(?:100|[0-9]{1,2})(?:\.[0-9]{1,17})?)"
@@ -373,6 +374,7 @@ _POINT = Record(
         "total_output_tokens": _TOKENS,
         "request_throughput": _RATE,
         "request_goodput": _RATE,
+        "output_goodput": _RATE,
         "output_throughput": _RATE,
         "total_token_throughput": _RATE,
         "max_output_tokens_per_s": _RATE,
@@ -380,6 +382,13 @@ _POINT = Record(
         "failures": Counts(),
         "arrival_rate": _RATE,
         "completion_rate": _RATE,
+        # the server's prefix cache over the level (/metrics deltas, tokens) and what the client expected of it
+        "prefix_cache_queries": _TOKENS,
+        "prefix_cache_hits": _TOKENS,
+        "prefix_cache_hit_rate": _SHARE,
+        "expected_prefix_cache_hits": _TOKENS,
+        "expected_prefix_cache_hit_rate": _SHARE,
+        "prefix_cache_block_size": _COUNT,
     },
     patterns=((_METRIC_KEY, _MS),),
 )
@@ -407,17 +416,29 @@ _REQUEST = Record(
         "ignore_eos": Flag(),
         "temperature": Number(high=2),
         "request_timeout_s": Number(high=1e6),
+        "workload": Choice(frozenset({"random", "shared_prefix", "multi_turn", "trace"})),
+        "prefix_len": _COUNT,
+        "prefix_share": _SHARE,
+        "turns": Number(low=1, high=1024, integer=True),
     }
 )
 BENCHMARK_REQUEST_KEYS = frozenset(_REQUEST.fields)
-"""The request as the result repeats it: ``BenchmarkRequest`` without its prompts."""
+"""The request as the result repeats it: ``BenchmarkRequest`` without its prompts and its trace."""
 
 BENCHMARK_RESULT = Record(
     {
         "generator": Text(40),
         "endpoint": _ENDPOINTS,
         "model": Text(SYSTEM_TEXT_CHARS),
-        "server": Record({"model": Text(SYSTEM_TEXT_CHARS), "max_model_len": _COUNT, "version": Text(64)}),
+        "server": Record(
+            {
+                "model": Text(SYSTEM_TEXT_CHARS),
+                "max_model_len": _COUNT,
+                "version": Text(64),
+                "prefix_caching": Flag(),
+                "block_size": _COUNT,
+            }
+        ),
         "request": _REQUEST,
         "dataset": Record(
             {
@@ -428,6 +449,12 @@ BENCHMARK_RESULT = Record(
                 "input_tokens_mean": Number(high=1e9),
                 "input_tokens_min": _COUNT,
                 "input_tokens_max": _COUNT,
+                "prefix_tokens": _COUNT,
+                "prefix_share": _SHARE,
+                "turns": _COUNT,
+                "sessions_per_level": _COUNT,
+                "trace_requests": _COUNT,
+                "trace_span_s": Number(high=1e6),
             }
         ),
         "warmup": Record({"requests": _COUNT, "failed": _COUNT}),

@@ -16,6 +16,8 @@ unsupported    ``unsupported/zone|accelerator|tier/...``   a catalogue fact: the
 permission     ``permission/zone/{zone}`` or ``/project``  blocked until the configuration changes
 rate limit     ``ratelimit/project``                       no creates anywhere for a minute; zones untouched
 preemption     ``preempted/{region}/{family}/{tier}``      "eager next region": skip the region a while
+quota-bound    ``quotabound/{region}/{family}/{tier}``     a spot probe found a wait held by quota: ask
+                                                           that tier elsewhere for a while (spot_probe)
 unparsed       ``unknown/{zone}/{family}/{tier}``          one free retry, then a short cooldown
 =============  ==========================================  ===============================================
 
@@ -50,8 +52,10 @@ __all__ = [
     "is_active",
     "learn",
     "learn_preemption",
+    "learn_quota_bound",
     "learn_stuck",
     "prune",
+    "quota_bound_key",
     "quota_pool",
     "quota_released",
     "rank",
@@ -441,6 +445,21 @@ def learn_stuck(
     )
 
 
+def learn_quota_bound(
+    *, zone: str, tier: Tier, accelerator: str, now: datetime, duration_s: float, reason: str
+) -> ZoneMemoryEntry:
+    """A request of ``tier`` waits in ``zone`` although a spot probe there was granted: the wait is held by quota or
+    entitlement, which a new request of that tier in the same region would share. Block the tier in the region."""
+    key = quota_bound_key(zone, tier, accelerator)
+    region = region_of(zone)
+    return _entry(key, "block", "quota_bound", now, duration_s, region=region, zone=zone, tier=tier, reason=reason)
+
+
+def quota_bound_key(zone: str, tier: Tier, accelerator: str) -> str:
+    """The quota-bound block that covers (zone, tier): it is kept per region."""
+    return f"quotabound/{region_of(zone)}/{accelerator_family(accelerator)}/{tier.value}"
+
+
 def _blocks(entry: ZoneMemoryEntry, zone: str, tier: Tier, accelerator: str) -> bool:
     parts = entry.key.split("/")
     family = accelerator_family(accelerator)
@@ -448,7 +467,7 @@ def _blocks(entry: ZoneMemoryEntry, zone: str, tier: Tier, accelerator: str) -> 
     head = parts[0]
     if head in ("stockout", "unknown") and len(parts) == 4:
         return parts[1] == zone and parts[2] == family and parts[3] == tier.value
-    if head == "preempted" and len(parts) == 4:
+    if head in ("preempted", "quotabound") and len(parts) == 4:
         return parts[1] == region and parts[2] == family and parts[3] == tier.value
     if head == "quota" and len(parts) == 4:
         scope, location, pool = parts[1], parts[2], parts[3]
@@ -567,7 +586,7 @@ def quota_released(memory: Mapping[str, ZoneMemoryEntry], zone: str) -> list[str
             parts[0] == "quota"
             and len(parts) == 4
             and ((parts[1] == "zone" and parts[2] == zone) or (parts[1] == "region" and parts[2] == region))
-        ):
+        ) or (parts[0] == "quotabound" and len(parts) == 4 and parts[1] == region):
             keys.append(key)
     return keys
 

@@ -125,6 +125,20 @@ NODE_TASK_KINDS: tuple[str, ...] = ("serving.restart", "serving.logs", "serving.
 """Commands the benchmark function records and dispatches to the deployment's node agent."""
 
 
+MAX_TRACE_REQUESTS = 1000  # a benchmark.run command must stay under MAX_MESSAGE_BYTES
+WORKLOADS = ("random", "shared_prefix", "multi_turn", "trace")
+
+
+class TraceRequest(BaseModel):
+    """One request of a replayed trace: when it arrives (seconds from any origin) and its lengths in tokens."""
+
+    model_config = _CLOSED
+
+    timestamp: float = Field(ge=0, le=1e10, description="Arrival time, seconds (only differences matter).")
+    input_len: int = Field(ge=1, le=131072)
+    output_len: int = Field(ge=1, le=32768)
+
+
 class BenchmarkRequest(BaseModel):
     """What to measure. Bounded so a typo cannot run for hours."""
 
@@ -162,9 +176,26 @@ class BenchmarkRequest(BaseModel):
     ignore_eos: bool = Field(default=True, description="Generate exactly output_len tokens (vLLM's ignore_eos).")
     temperature: float | None = Field(default=None, ge=0, le=2, description="None: the server's default.")
     request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
+    # Workloads (issue 22): all optional with defaults, so older senders stay valid.
+    workload: Literal["random", "shared_prefix", "multi_turn", "trace"] = Field(
+        default="random",
+        description="random: distinct prompts; shared_prefix: a common prefix on prefix_share of the requests; "
+        "multi_turn: sessions of 'turns' requests, each resending its history; trace: replay 'trace'.",
+    )
+    prefix_len: int = Field(default=0, ge=0, le=131072, description="shared_prefix: tokens of the common prefix.")
+    prefix_share: float = Field(
+        default=1.0, ge=0, le=1, description="shared_prefix: fraction of requests that carry the common prefix."
+    )
+    turns: int = Field(default=4, ge=2, le=64, description="multi_turn: requests per session, sent in order.")
+    trace: tuple[TraceRequest, ...] = Field(
+        default=(), max_length=MAX_TRACE_REQUESTS, description="trace: the requests to replay at their timestamps."
+    )
 
     @model_validator(mode="after")
     def _mode_has_levels(self) -> BenchmarkRequest:
+        self._check_workload()
+        if self.workload == "trace":
+            return self  # one level at the trace's own timestamps: mode, levels and num_prompts do not apply
         if self.mode == "rate" and not self.request_rate:
             raise ValueError("request_rate: give at least one rate when mode is 'rate'")
         if self.dataset == "prompts" and not self.prompts:
@@ -182,6 +213,66 @@ class BenchmarkRequest(BaseModel):
                     "lower num_prompts or set duration_s"
                 )
         return self
+
+    def _check_workload(self) -> None:
+        """Each workload's own settings: present where needed, absent where they would be ignored."""
+        if self.workload != "random" and self.dataset == "prompts":
+            raise ValueError(f"dataset: workload '{self.workload}' builds its own prompts; use dataset 'random'")
+        if self.workload == "shared_prefix" and not 1 <= self.prefix_len < self.input_len:
+            raise ValueError(
+                f"prefix_len: {self.prefix_len} must be at least 1 and below input_len {self.input_len} "
+                "(the rest of each prompt is its own text)"
+            )
+        if self.workload != "shared_prefix" and self.prefix_len:
+            raise ValueError("prefix_len: only the shared_prefix workload has a prefix; set workload 'shared_prefix'")
+        if self.workload == "trace":
+            if not self.trace:
+                raise ValueError(
+                    "trace: give the trace's requests (timestamp, input_len, output_len) for workload 'trace'"
+                )
+            if self.request_rate or self.mode == "rate":
+                raise ValueError("request_rate: a trace sets its own arrivals; leave mode and request_rate unset")
+            span = max(entry.timestamp for entry in self.trace) - min(entry.timestamp for entry in self.trace)
+            if span > 3600:
+                raise ValueError(f"trace: its timestamps span {span:.0f} s, over an hour; replay a shorter window")
+        elif self.trace:
+            raise ValueError("trace: requests to replay need workload 'trace'")
+
+    def trace_span_s(self) -> float:
+        """Seconds from the trace's first arrival to its last (0 without a trace)."""
+        if not self.trace:
+            return 0.0
+        return max(entry.timestamp for entry in self.trace) - min(entry.timestamp for entry in self.trace)
+
+    def context_problem(self, max_model_len: int, owner: str) -> str | None:
+        """Why this workload cannot fit ``owner``'s context of ``max_model_len`` tokens (field first), or None."""
+        needed = self.needed_tokens()
+        if self.dataset != "random" or needed <= max_model_len:
+            return None
+        if self.workload == "multi_turn":
+            return (
+                f"benchmark.turns: a session's last turn holds {self.turns} x (input_len {self.input_len} + "
+                f"output_len {self.output_len}) = {needed} tokens, over {owner} max_model_len {max_model_len} "
+                "(lower turns, input_len or output_len)"
+            )
+        if self.workload == "trace":
+            return (
+                f"benchmark.trace: its longest request needs {needed} tokens, over {owner} max_model_len "
+                f"{max_model_len} (shorten that request in the trace)"
+            )
+        return (
+            f"benchmark.input_len: input_len {self.input_len} + output_len {self.output_len} = {needed} tokens "
+            f"exceed {owner} max_model_len {max_model_len} (lower one of them)"
+        )
+
+    def needed_tokens(self) -> int:
+        """The most tokens (prompt and output) one request of this workload needs; a multi-turn session's last
+        turn holds its history: every earlier turn's text and answer."""
+        if self.workload == "trace":
+            return max(entry.input_len + entry.output_len for entry in self.trace)
+        if self.workload == "multi_turn":
+            return self.turns * (self.input_len + self.output_len)
+        return self.input_len + self.output_len
 
 
 class RunBenchmark(_DeploymentMessage):

@@ -15,8 +15,11 @@ to ack; ``shared.entry`` maps the error families):
   answered or refused) is a ``PermanentError`` naming why, and nothing is written. The node is untrusted (it
   parses prompts): the result keeps only the known fields, cleaned and bounded (``shared.domain.untrusted``),
   and the error text is cleaned too. The result is stored with the plan (model, slice, tier, zone, image, vLLM
-  version and flags) and a comparison with the deployment's previous completed run and with the best run of the
-  same model on other slices, as JSON (``result["comparison"]``) and as a table (``result["comparison_table"]``).
+  version and flags), priced per level at the deployment's tier and zone (``result["economics"]``: tokens per
+  second per chip, USD per million output tokens, and the same at the SLO; ``shared.domain.bench_economics``, with
+  the live catalog price the wiring passes, else the dated table), and a comparison with the deployment's previous
+  completed run and with the best run of the same model on other slices, as JSON (``result["comparison"]``) and
+  as a table (``result["comparison_table"]``).
   The same event twice is a no-op.
 - ``node.booted`` (from the node agent): the node's name and its known system fields, cleaned and bounded, are
   kept on the deployment (``status.node_system``); unknown fields are dropped and counted.
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from shared.domain.bench_economics import PriceLookup, benchmark_economics, economics_lines, table_price
 from shared.domain.benchmark_headline import sweep_headline
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
@@ -170,8 +174,10 @@ class Benchmarker:
         scheduler: SchedulerApi | None = None,
         settings: BenchmarkerSettings | None = None,
         plan: Callable[[DeploymentRecord], dict[str, Any]] | None = None,
+        price: PriceLookup = table_price,
     ) -> None:
         self._store = store
+        self._price = price
         self._bus = bus
         self._clock = clock
         self._scheduler = scheduler
@@ -301,6 +307,8 @@ class Benchmarker:
             plan["vllm_version"] = server.get("version")
         result["event_id"] = event.command_id
         stored = run.model_copy(update={"plan": plan, "result": result})
+        if result.get("points"):
+            result["economics"] = benchmark_economics(stored.plan, stored.request, _points(stored), self._price)
         if event.status == "completed" and result.get("points"):
             history = self._store.list_benchmark_runs(None, limit=self._settings.history_limit)
             comparison = compare_runs(stored, history, regression_share=self._settings.regression_share)
@@ -339,7 +347,8 @@ class Benchmarker:
             )
         problem = _fits(message.benchmark, self._plan(record))
         if problem:
-            raise InvalidMessage("benchmark.input_len", problem, "lower input_len or output_len")
+            field, _, detail = problem.partition(": ")
+            raise InvalidMessage(field, detail, "shorten the workload to fit the deployment's context")
         template = RunBenchmark(
             command_id=str(uuid.uuid5(_TEMPLATE_NAMESPACE, f"{name}/{message.command_id}")),
             issued_at=message.issued_at,
@@ -386,13 +395,7 @@ def _refusal(
 
 def _fits(request: BenchmarkRequest, plan: dict[str, Any]) -> str | None:
     limit = plan.get("max_model_len")
-    needed = request.input_len + request.output_len
-    if request.dataset == "random" and isinstance(limit, int) and needed > limit:
-        return (
-            f"benchmark.input_len: input_len {request.input_len} + output_len {request.output_len} = {needed} tokens "
-            f"exceed the deployment's max_model_len {limit} (lower one of them)"
-        )
-    return None
+    return request.context_problem(limit, "the deployment's") if isinstance(limit, int) else None
 
 
 def _flag_text(argv: Sequence[str], flag: str) -> str | None:
@@ -467,7 +470,13 @@ def _workload(run: BenchmarkRun) -> dict[str, Any]:
     request = run.request or (run.result or {}).get("request") or {}
     endpoint = (run.result or {}).get("endpoint") or request.get("endpoint")
     keys = ("mode", "input_len", "output_len", "dataset")
-    return {"endpoint": endpoint, **{key: request.get(key) for key in keys}}
+    shape = {"endpoint": endpoint, **{key: request.get(key) for key in keys}}
+    workload = request.get("workload") or "random"
+    if workload != "random":  # results from before the workloads were random: they stay comparable
+        shape["workload"] = workload
+        extra = {"shared_prefix": ("prefix_len", "prefix_share"), "multi_turn": ("turns",)}.get(str(workload), ())
+        shape.update({key: request.get(key) for key in extra})
+    return shape
 
 
 def headline(run: BenchmarkRun) -> dict[str, Any]:
@@ -630,6 +639,7 @@ def comparison_table(run: BenchmarkRun, comparison: dict[str, Any]) -> str:
             lines.append(f"  changed {key}: {_short(before)} -> {_short(now)}")
     else:
         lines.append("No earlier completed run of this deployment to compare with.")
+    lines += economics_lines((run.result or {}).get("economics"))
     bound = bound_summary(comparison.get("throughput_bound"))
     if bound:
         lines.append(bound[:1].upper() + bound[1:])

@@ -9,7 +9,9 @@ deployment records and force-deletes, by label only:
 * resources their (live) deployment does not reference, once older than a grace period (the
   reconciler adopts fresh ones first, so a crash between create and state write is not mistaken);
 * FAILED or SUSPENDED queued resources and PREEMPTED nodes nobody is cleaning up (they hold quota);
-* anything of a deployment past its TTL.
+* anything of a deployment past its TTL;
+* spot probes (``shared.domain.spot_probe``) no deployment's status holds, or older than any answer takes, at once
+  (a probe that was granted bills until it is deleted).
 
 A resource without our ``tpuctl-deployment`` label, or labelled as managed by something else, is
 never touched. The report says what was removed, why, and the spend per hour it stopped.
@@ -27,6 +29,7 @@ from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import DeploymentRecord, NodeState, Phase, QueuedResourceState, Tier
 from shared.domain.planner import MANAGED_BY, parse_resource_name, request_id
 from shared.domain.prices import price_per_chip_hour
+from shared.domain.spot_probe import ProbePolicy, is_probe, janitor_reason, probe_delete_request_id
 from shared.domain.zone_memory import PriceFn, estimated_price
 from shared.ports import TpuApi
 
@@ -81,8 +84,10 @@ class Janitor:
         grace_s: float = 900.0,
         stale_record_s: float = 900.0,
         price: PriceFn = price_per_chip_hour,
+        probe: ProbePolicy | None = None,
     ) -> None:
         self._tpu = tpu
+        self._probe_max_age_s = (probe or ProbePolicy()).max_age_s
         self._grace = timedelta(seconds=grace_s)
         self._stale_record = timedelta(seconds=stale_record_s)
         self._price = price
@@ -111,6 +116,8 @@ class Janitor:
         return report
 
     def _reason(self, resource: ObservedResource, record: DeploymentRecord | None, now: datetime) -> str | None:
+        if is_probe(resource):  # known even where probes are off: one left by an earlier setting goes too
+            return janitor_reason(resource, record, now, self._probe_max_age_s)
         if record is None:
             return "its deployment record does not exist"
         if record.status.phase is Phase.DELETED:
@@ -134,13 +141,11 @@ class Janitor:
     def _delete(self, resource: ObservedResource, owner: str, reason: str, report: JanitorReport) -> None:
         parsed = parse_resource_name(resource.name)
         generation, attempt = parsed if parsed else (0, 0)
+        delete_id = request_id(owner, generation, attempt, "delete")
+        if is_probe(resource):
+            delete_id = probe_delete_request_id(owner, resource.name)
         try:
-            self._tpu.delete(
-                resource.zone,
-                resource.name,
-                force=True,
-                request_id=request_id(owner, generation, attempt, "delete"),
-            )
+            self._tpu.delete(resource.zone, resource.name, force=True, request_id=delete_id)
         except CloudError as exc:
             if exc.error_class is not ErrorClass.NOT_FOUND:
                 report.errors.append(f"{resource.zone}/{resource.name}: {exc.error_class.value}: {exc.message[:200]}")

@@ -72,6 +72,8 @@ from shared.domain.planner import (
 from shared.domain.prices import price_per_chip_hour
 from shared.domain.ratelimit import BucketState, TokenBucket
 from shared.domain.spec_change import needs_new_generation
+from shared.domain.spot_probe import ProbePolicy
+from shared.domain.status_merge import merge_status
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
 from shared.messages import (
     Command,
@@ -96,6 +98,7 @@ from shared.ports import (
 )
 from shared.services.benchmarker import delete_benchmark_jobs
 from shared.services.janitor import Janitor, JanitorReport
+from shared.services.spot_prober import SpotProber
 
 __all__ = ["TICK_JOB_NAME", "Provisioner", "ProvisionerSettings", "ReconcileResult", "reconcile_tick_job"]
 
@@ -105,20 +108,6 @@ TICK_JOB_NAME = "tpuctl-reconcile-tick"
 # Scheduler publishes the same body every time; ticks skip the command ledger and are aged by publish time.
 _TICK_COMMAND_ID = "00000000-0000-4000-8000-7469636b0001"
 _TICK_ISSUED_AT = datetime(2026, 1, 1, tzinfo=UTC)
-
-_STATUS_FIELDS_OWNED = (
-    "observed_generation",
-    "zone",
-    "tier",
-    "backend",
-    "endpoint",
-    "message",
-    "resources",
-    "attempts",
-    "next_attempt",
-    "spend_usd",
-    "billed_until",
-)
 
 
 def reconcile_tick_job(topic: str, *, name: str = TICK_JOB_NAME, schedule: str = "* * * * *") -> SchedulerJob:
@@ -146,6 +135,8 @@ class ProvisionerSettings:
     janitor_grace_s: float = 900.0
     tick_job: SchedulerJob | None = None
     """The Scheduler job that publishes reconcile ticks; paused when nothing is live."""
+    probe: ProbePolicy | None = None
+    """Spot probes of waiting requests (shared.domain.spot_probe); None: no probes."""
 
 
 @dataclass
@@ -202,7 +193,19 @@ class Provisioner:
         self._price = price
         self._bucket_state: BucketState | None = None
         self._pending_patches: dict[str, dict[str, Any]] = {}
-        self._janitor = Janitor(tpu, grace_s=self._settings.janitor_grace_s, price=price)
+        probe, planner = self._settings.probe, self._settings.planner
+        self._janitor = Janitor(tpu, grace_s=self._settings.janitor_grace_s, price=price, probe=probe)
+        self._prober = None
+        if probe is not None:
+            self._prober = SpotProber(
+                store,
+                tpu,
+                clock,
+                probe,
+                runtime_version=planner.runtime_version,
+                memory_policy=planner.memory,
+                log_limit=planner.attempt_log_limit,
+            )
         self.last_janitor_report: JanitorReport | None = None
 
     # ------------------------------------------------------------------------------------------ entry
@@ -494,6 +497,7 @@ class Provisioner:
         outcomes = self._poll_operations(record)
         script = self._startup_script(record.spec)
         advice = self._advice_for(record)
+        record = self._probe(record, observed, memory, fence, send=False)
         for round_number in range(self._settings.max_rounds + 1):
             now = self._clock.now()
             last = round_number == self._settings.max_rounds  # only learns from the refusals, creates nothing
@@ -529,9 +533,26 @@ class Provisioner:
             mine = [
                 o.model_copy(update={"state": QueuedResourceState.DELETING}) if o.name in deleted else o for o in mine
             ]
+        record = self._probe(record, observed, memory, fence, send=True)
         result.phase = record.status.phase
         result.message = record.status.message
         return result
+
+    def _probe(
+        self,
+        record: DeploymentRecord,
+        observed: Sequence[ObservedResource],
+        memory: dict[str, ZoneMemoryEntry],
+        fence: Fence,
+        *,
+        send: bool,
+    ) -> DeploymentRecord:
+        """Spot probes (shared.services.spot_prober): answers read before the plan, new probes sent after it."""
+        if self._prober is None:
+            return record
+        write = lambda current, status: self._write_status(current, status, fence)  # noqa: E731
+        tokens, take = lambda: self._tokens(self._clock.now()), lambda: self._take_token(self._clock.now())
+        return self._prober.run(record, observed, memory, write, tokens, take, send=send)
 
     def _advice_for(self, record: DeploymentRecord) -> AdviceScores:
         """Capacity advice for each allowed tier while the search may create; {} when serving or without a source."""
@@ -739,7 +760,7 @@ class Provisioner:
         base = record.status
         candidate = record
         for _ in range(self._settings.write_retries):
-            merged = _merge_status(base, status, candidate.status)
+            merged = merge_status(base, status, candidate.status)
             try:
                 return self._store.put_deployment(
                     candidate.model_copy(update={"status": merged, "updated_at": self._clock.now()}),
@@ -771,26 +792,3 @@ def _check_generation(record: DeploymentRecord, expected: int | None) -> None:
             f"deployment {record.deployment_id!r} is at generation {record.generation}, the command expected "
             f"{expected}; re-read the deployment and send the command again"
         )
-
-
-_NO_SERVING_NODE = frozenset(
-    {Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING, Phase.STOPPING, Phase.STOPPED, Phase.DELETING, Phase.FAILED}
-)
-"""Phases with no node serving: entering one forgets ``serving_since``, so the next node's boot is judged as a boot
-(BOOTING, COMPILING), not as an outage of a server that had been up (DOWN) and healed by a restart mid-boot."""
-
-
-def _merge_status(base: DeploymentStatus, ours: DeploymentStatus, fresh: DeploymentStatus) -> DeploymentStatus:
-    """Our fields from ``ours``; the monitor's fields from ``fresh``; phase ours only if we changed it (and then
-    ``serving_since`` forgotten when no node serves any more)."""
-    if ours.phase != base.phase and ours.phase in _NO_SERVING_NODE:
-        ours = ours.model_copy(update={"serving_since": None})
-    if fresh == base:
-        return ours
-    update: dict[str, Any] = {name: getattr(ours, name) for name in _STATUS_FIELDS_OWNED}
-    if ours.phase != base.phase:
-        update["phase"] = ours.phase
-        update["phase_since"] = ours.phase_since
-        if ours.phase in _NO_SERVING_NODE:
-            update["serving_since"] = None
-    return fresh.model_copy(update=update)

@@ -95,7 +95,9 @@ def test_a_sweep_goes_from_command_to_stored_result(vllm_server: VllmSession, bu
         command_id=new_command_id(),
         issued_at=now,
         deployment_id="tiny-a",
-        benchmark=BenchmarkRequest(concurrency=(1, 4), num_prompts=8, input_len=32, output_len=8, warmup_requests=1),
+        benchmark=BenchmarkRequest(
+            concurrency=(1, 4), num_prompts=8, input_len=32, output_len=8, warmup_requests=1, slo_ttft_ms=60000.0
+        ),
     )
     bus.publish(COMMANDS, encode_message(command), message_attributes(command), ordering_key="tiny-a")
     assert _function(bus, "benchmark-commands", benchmarker, store) == [Outcome.APPLIED]
@@ -126,3 +128,13 @@ def test_a_sweep_goes_from_command_to_stored_result(vllm_server: VllmSession, bu
         assert point["mean_e2el_ms"] >= point["mean_ttft_ms"]
     assert result["knee"]["level"] in (1, 4)
     assert "tiny-llama on v6e-1" in result["comparison_table"]
+    # every level priced at the deployment's tier and zone (spot in us-east5-b: $1.4033 per chip-hour, 1 chip)
+    economics = result["economics"]
+    assert (economics["chips"], economics["usd_per_chip_hour"]) == (1, 1.4033)
+    for point, priced in zip(points, economics["points"], strict=True):
+        per_million = 1.4033 / (point["output_throughput"] * 3600) * 1e6
+        assert priced["usd_per_million_output_tokens"] == pytest.approx(per_million, rel=1e-3)
+        assert priced["output_tokens_per_s_per_chip"] == pytest.approx(point["output_throughput"], rel=1e-3)
+        assert priced["usd_per_million_output_tokens_at_slo"] == pytest.approx(per_million, rel=1e-3)  # all met it
+    print("economics:", economics["points"], economics["cheapest"], economics["price_source"])
+    assert "Cost: spot in us-east5-b" in result["comparison_table"]

@@ -76,6 +76,44 @@ class TestRunBenchmark:
         assert result.is_error and "[invalid_argument] request_rate" in text(result)
         assert world.published() == []
 
+    async def test_a_shared_prefix_workload_reaches_the_command(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        arguments = {"workload": "shared_prefix", "prefix_len": 192, "prefix_share": 0.75, "slo_ttft_ms": 500.0}
+        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", **arguments})
+        assert not result.is_error, text(result)
+        (message,) = world.published()
+        assert isinstance(message, RunBenchmark)
+        benchmark = message.benchmark
+        assert (benchmark.workload, benchmark.prefix_len, benchmark.prefix_share) == ("shared_prefix", 192, 0.75)
+
+    async def test_a_prefix_as_long_as_the_prompt_is_refused_naming_prefix_len(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        arguments = {"workload": "shared_prefix", "prefix_len": 256, "input_len": 256}
+        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", **arguments})
+        assert result.is_error and "[invalid_argument] prefix_len" in text(result)
+        assert "below input_len" in text(result)
+        assert world.published() == []
+
+    async def test_a_trace_is_sent_whole_and_a_bad_entry_is_refused_by_name(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        trace = [
+            {"timestamp": 0.0, "input_len": 64, "output_len": 16},
+            {"timestamp": 0.5, "input_len": 32, "output_len": 8},
+        ]
+        result = await call(
+            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "workload": "trace", "trace": trace}
+        )
+        assert not result.is_error, text(result)
+        (message,) = world.published()
+        assert isinstance(message, RunBenchmark)
+        assert [entry.model_dump() for entry in message.benchmark.trace] == trace
+        bad = [{"timestamp": 0.0, "input_len": "64", "output_len": 16}]
+        refused = await call(
+            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "workload": "trace", "trace": bad}
+        )
+        assert refused.is_error and "trace" in text(refused).split("]", 1)[1][:12]
+        assert world.published() == []  # nothing more was published
+
     async def test_an_absurd_sweep_is_refused_by_the_schema(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "concurrency": [100000]})

@@ -6,6 +6,7 @@ import io
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -283,6 +284,27 @@ class TestBenchAndToken:
         assert shown.code == EXIT_OK and "512.5" in shown.stdout
         bad = tpuctl(world, "bench", "run", "gemma-a", "--concurrency", "one")
         assert bad.code == EXIT_USAGE
+
+    def test_bench_run_sends_a_trace_file_relative_and_refuses_a_bad_line_by_number(
+        self, world: GatewayWorld, tmp_path: Path
+    ) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text(
+            '{"timestamp": 1700000000.25, "input_len": 64, "output_len": 16}\n'
+            '{"timestamp": 1700000001.75, "input_len": 32, "output_len": 8, "id": "x"}\n',
+            encoding="utf-8",
+        )
+        started = tpuctl(world, "bench", "run", "gemma-a", "--trace-file", str(trace), "--slo-ttft-ms", "250")
+        assert started.code == EXIT_OK, started.stderr
+        (message,) = world.published()
+        assert isinstance(message, RunBenchmark) and message.benchmark.workload == "trace"
+        assert [(e.timestamp, e.input_len) for e in message.benchmark.trace] == [(0.0, 64), (1.5, 32)]
+        assert message.benchmark.slo_ttft_ms == 250.0
+        trace.write_text('{"timestamp": 0, "input_len": 64}\n', encoding="utf-8")
+        bad = tpuctl(world, "bench", "run", "gemma-a", "--trace-file", str(trace))
+        assert bad.code != EXIT_OK and "--trace-file" in bad.stderr and "line 1" in bad.stderr
+        assert "'output_len'" in bad.stderr and world.published() == []
 
     def test_token_set_reads_stdin_and_never_prints_the_token(
         self, world: GatewayWorld, monkeypatch: pytest.MonkeyPatch

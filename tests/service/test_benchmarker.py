@@ -208,6 +208,19 @@ class TestRun:
         with pytest.raises(PermanentError, match=r"benchmark\.input_len.*max_model_len"):
             world.benchmarker.handle(message)
 
+    def test_multi_turn_sessions_whose_history_outgrows_the_context_are_refused_naming_turns(
+        self, world: World
+    ) -> None:
+        world.deploy()
+        record = world.store.get_deployment("gemma-a")
+        assert record is not None
+        limit = plan_summary(record, "tpuctl-local")["max_model_len"]
+        fits = _run(workload="multi_turn", turns=2, input_len=limit // 4, output_len=64)
+        assert world.benchmarker.handle(fits).startswith("dispatched")  # each turn alone fits, and so does turn 2
+        message = _run(workload="multi_turn", turns=8, input_len=limit // 4, output_len=64)
+        with pytest.raises(PermanentError, match=r"benchmark\.turns: .* 8 x .*max_model_len"):
+            world.benchmarker.handle(message)
+
     def test_a_run_recorded_but_never_dispatched_is_dispatched_on_redelivery(self, world: World) -> None:
         world.deploy()
         message = _run()
@@ -246,6 +259,39 @@ class TestIngest:
         assert run.result["comparison"]["previous"] is None
         assert run.result["comparison"]["headline"]["peak_output_throughput"] == 4000.0
         assert "No earlier completed run" in run.result["comparison_table"]
+
+    def test_each_level_is_priced_at_the_deployments_tier_and_zone_overall_and_at_the_slo(self, world: World) -> None:
+        world.deploy()  # v6e-4, spot, us-east5-b
+        message = _run(slo_ttft_ms=100.0)
+        world.benchmarker.handle(message)
+        result = _result(1000.0)
+        for point in result["points"]:
+            point["output_goodput"] = point["output_throughput"] / 2  # half the tokens met the SLO
+        world.benchmarker.handle(_completed(message, result))
+        stored = world.run(message.command_id).result or {}
+        economics = stored["economics"]
+        assert economics["usd_per_hour"] == pytest.approx(4 * 1.4033)
+        level_4 = economics["points"][1]  # 4000 output tok/s on 4 chips
+        assert level_4["output_tokens_per_s_per_chip"] == 1000.0
+        assert level_4["usd_per_million_output_tokens"] == pytest.approx(4 * 1.4033 / (4000 * 3600) * 1e6, abs=1e-4)
+        assert level_4["usd_per_million_output_tokens_at_slo"] == pytest.approx(
+            2 * level_4["usd_per_million_output_tokens"], abs=1e-3
+        )
+        headline = stored["comparison"]["headline"]
+        assert headline["usd_per_million_output_tokens_at_peak"] == level_4["usd_per_million_output_tokens"]
+        assert "Cost: spot in us-east5-b" in stored["comparison_table"]
+
+    def test_a_node_cannot_write_the_economics_and_the_live_price_is_used(self, world: World) -> None:
+        world.deploy()
+        benchmarker = Benchmarker(
+            world.store, world.bus, world.clock, price=lambda zone, tier, family: (2.0, f"catalog: {tier.value} {zone}")
+        )
+        message = _run()
+        benchmarker.handle(message)
+        forged = {**_result(1000.0), "economics": {"usd_per_hour": 0.0, "price_source": "trust me"}}
+        benchmarker.handle(_completed(message, forged))
+        economics = (world.run(message.command_id).result or {})["economics"]
+        assert economics["usd_per_hour"] == 8.0 and economics["price_source"] == "catalog: spot us-east5-b"
 
     def test_a_slower_run_after_an_image_change_is_a_regression_with_the_change_named(self, world: World) -> None:
         world.deploy()

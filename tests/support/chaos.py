@@ -10,6 +10,7 @@ per suite (the world, the specs, which faults and preemptions) comes in as argum
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import tempfile
 import uuid
@@ -150,8 +151,10 @@ def chaos_run(
     commands: Commands,
     disturb: Disturb,
     labelled: Labelled,
+    settings: ProvisionerSettings | None = None,
 ) -> RunReport:
-    """One seeded run: chaos for ``CHAOS_STEPS`` steps, then settle, then :func:`check_settled`."""
+    """One seeded run: chaos for ``CHAOS_STEPS`` steps, then settle, then :func:`check_settled`; ``settings`` for
+    both reconcilers (their holders are set here)."""
     rng = random.Random(seed)
     report = RunReport(seed)
     store = SqliteStateStore(store_path)
@@ -160,8 +163,9 @@ def chaos_run(
     )
     chaotic = ChaoticTpu(tpu, rng, knobs, world)
     clock = world.clock
-    first = Provisioner(store, chaotic, clock, settings=ProvisionerSettings(holder="r1"))
-    second = Provisioner(store, chaotic, clock, settings=ProvisionerSettings(holder="r2"))
+    base = settings or ProvisionerSettings()
+    first = Provisioner(store, chaotic, clock, settings=dataclasses.replace(base, holder="r1"))
+    second = Provisioner(store, chaotic, clock, settings=dataclasses.replace(base, holder="r2"))
 
     def tick(provisioner: Provisioner) -> None:
         try:

@@ -48,8 +48,8 @@ def same(found: Any, expected: Any) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(HEADLINE_DIRECTIONS))
-def test_latencies_are_better_low_and_throughputs_better_high(name: str) -> None:
-    expected = "low" if "_ms" in name else "high"
+def test_latencies_and_prices_are_better_low_and_throughputs_better_high(name: str) -> None:
+    expected = "low" if "_ms" in name or name.startswith("usd_") else "high"
     assert HEADLINE_DIRECTIONS[name] == expected
 
 

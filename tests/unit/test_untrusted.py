@@ -218,8 +218,8 @@ def test_the_real_benchmark_result_fits_the_schema_whole_and_shrunk() -> None:
     assert clean_benchmark_result(result) == result
 
 
-def test_the_result_schema_repeats_every_benchmark_request_field_but_the_prompts() -> None:
-    assert set(BenchmarkRequest.model_fields) - {"prompts"} == BENCHMARK_REQUEST_KEYS
+def test_the_result_schema_repeats_every_benchmark_request_field_but_the_prompts_and_trace() -> None:
+    assert set(BenchmarkRequest.model_fields) - {"prompts", "trace"} == BENCHMARK_REQUEST_KEYS
 
 
 def test_a_hostile_result_keeps_known_numbers_and_clean_text_only() -> None:
@@ -338,3 +338,30 @@ def test_views_of_stored_data_clean_to_themselves() -> None:
     result = {**clean_benchmark_result(_benchmark_result()), "comparison_table": "t\nu"}
     assert benchmark_result_view(result) == (result, 0)
     assert node_system_view(None) == (None, 0) and benchmark_result_view(None) == (None, 0)
+
+
+def test_the_workload_and_prefix_cache_fields_are_kept_only_within_their_bounds() -> None:
+    point = {
+        "level": 4,
+        "prefix_cache_hit_rate": 0.62,
+        "expected_prefix_cache_hit_rate": 5.0,  # a share above 1: dropped
+        "prefix_cache_hits": 4096,
+        "prefix_cache_queries": -1,  # dropped
+        "output_goodput": 120.5,
+    }
+    result = {
+        "points": [point],
+        "request": {"workload": "shared_prefix", "prefix_len": 256, "prefix_share": 0.5, "turns": 4},
+        "server": {"block_size": 128, "prefix_caching": "yes"},  # not a flag: dropped
+        "dataset": {"prefix_tokens": 256, "trace_span_s": 12.5},
+        "economics": {"usd_per_hour": 0.0},  # the controller writes this, never the node
+    }
+    cleaned = clean_benchmark_result(result)
+    assert cleaned["points"] == [
+        {"level": 4, "prefix_cache_hit_rate": 0.62, "prefix_cache_hits": 4096, "output_goodput": 120.5}
+    ]
+    assert cleaned["request"] == result["request"]
+    assert cleaned["server"] == {"block_size": 128}
+    assert cleaned["dataset"] == {"prefix_tokens": 256, "trace_span_s": 12.5}
+    assert "economics" not in cleaned and cleaned["fields_dropped"] == 4
+    assert clean_benchmark_result({"request": {"workload": "rm -rf"}})["request"] == {}

@@ -43,6 +43,7 @@ locals {
     TPUCTL_VLLM_API_KEY_SECRET = var.secret_ids.vllm_api_key
     TPUCTL_EVENT_KEY_SECRET    = var.secret_ids.event_key
     TPUCTL_LOG_LEVEL           = var.log_level
+    TPUCTL_SPOT_PROBE          = tostring(var.spot_probe)
     # Every TPU VM runs as the narrow node identity, on this VPC, with the tag the vLLM firewall rule targets,
     # and without an external IP (Cloud NAT pulls images and weights).
     TPUCTL_NODE_SERVICE_ACCOUNT = module.identities.tpu_vm_email

@@ -106,6 +106,12 @@ variable "tick_schedules" {
   default = {}
 }
 
+variable "spot_probe" {
+  description = "TPUCTL_SPOT_PROBE of the functions: probe a waiting flex-start request with a spot create that never queues (docs/deploy.md, 'The spot probe')."
+  type        = bool
+  default     = false
+}
+
 variable "log_level" {
   description = "TPUCTL_LOG_LEVEL of the functions."
   type        = string

@@ -1,0 +1,62 @@
+"""``tpuctl bench run``'s workload and SLO flags: shared prefix, multi-turn sessions, a trace file, goodput SLOs.
+
+The trace file is read here, on the workstation (``loadgen.workloads.read_trace_file``: JSON Lines of
+``timestamp`` in seconds, ``input_len``, ``output_len``), and sent in the command as the ``trace`` the MCP tool
+takes: timestamps made relative to the first request and rounded to the microsecond, so a long trace fits the
+command. A bad line is refused naming the file's line and field before anything is published.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from loadgen.workloads import TraceError, read_trace_file
+from mcp_client_gateway.errors import GatewayError
+from shared.messages import WORKLOADS
+
+__all__ = ["add_workload_arguments", "workload_settings"]
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload and SLO flags of ``tpuctl bench run``."""
+    parser.add_argument("--workload", choices=WORKLOADS, help="random (default), shared_prefix, multi_turn, trace")
+    parser.add_argument("--prefix-len", type=int, help="shared_prefix: tokens of the common prefix")
+    parser.add_argument("--prefix-share", type=float, help="shared_prefix: share of requests with it (0-1)")
+    parser.add_argument("--turns", type=int, help="multi_turn: requests per session (2-64)")
+    parser.add_argument(
+        "--trace-file", type=Path, help="JSON Lines to replay: timestamp (s), input_len, output_len per line"
+    )
+    parser.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO (ms) for goodput and the cost at the SLO")
+    parser.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO (ms) for goodput and the cost at the SLO")
+
+
+def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark settings the flags give (absent flags give nothing: the defaults apply)."""
+    settings: dict[str, Any] = {}
+    for name in ("workload", "prefix_len", "prefix_share", "turns", "slo_ttft_ms", "slo_tpot_ms"):
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name] = value
+    if args.trace_file is not None:
+        try:
+            trace = read_trace_file(args.trace_file)
+        except TraceError as exc:
+            raise GatewayError(
+                "invalid_argument",
+                "trace_file",
+                str(exc).removeprefix("trace_file: "),
+                "one JSON object per line with timestamp (seconds), input_len and output_len (tokens)",
+            ) from None
+        first = trace[0].timestamp
+        settings["trace"] = [
+            {
+                "timestamp": round(entry.timestamp - first, 6),
+                "input_len": entry.input_len,
+                "output_len": entry.output_len,
+            }
+            for entry in trace
+        ]
+        settings.setdefault("workload", "trace")
+    return settings
