@@ -51,6 +51,7 @@ from typing import Any
 import httpx
 
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
+from localcloud.monitoring_api import MonitoringStandIn
 from localcloud.process_groups import ReapedGroup, reap_orphans, spawn_group
 from localcloud.scheduler_fake import SchedulerFake
 from localcloud.tpu_sim import SimServer, World, load_scenario
@@ -75,8 +76,7 @@ log = logging.getLogger("tpuctl.localcloud")
 
 FUNCTIONS = tuple(FUNCTION_TRIGGERS)  # provision, monitor, benchmark
 TICKS_FILE = REPO_ROOT / "terraform" / "envs" / "default" / "ticks.json"
-# Scheduler jobs of ticks.json and their schedules (terraform variable tick_schedules). The reconcile job is
-# created, paused and resumed by the provisioner itself; the runner owns the other two, as Terraform does.
+# Scheduler jobs of ticks.json, as tick_schedules in Terraform; the provisioner owns the reconcile job itself.
 RUNNER_JOBS = {"monitor": "* * * * *", "janitor": "*/15 * * * *"}
 NAME_PREFIX = "tpuctl"
 DEBUG_BUNDLE_BUCKET = f"{NAME_PREFIX}-debug-bundles"  # as Terraform's, in the Storage stand-in
@@ -85,7 +85,7 @@ _SCALED_LIMITS: tuple[str, ...] = ("lease_ttl_s", "max_event_age_s", "command_cl
 _SCALED_LIMITS += ("monitor_telemetry_max_age_s",)  # _scaled_limits: wall-clock lengths in virtual time
 _FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 _TWIN_SETTINGS: tuple[str, ...] = ("secretmanager_endpoint", "scheduler_endpoint", "logging_endpoint")
-_TWIN_SETTINGS += ("storage_endpoint", "debug_bundle_bucket")  # the twin clients' stand-in endpoints, bundle bucket
+_TWIN_SETTINGS += ("storage_endpoint", "debug_bundle_bucket", "monitoring_endpoint")  # stand-ins, bundle bucket
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,7 @@ class Route:
         return f"{NAME_PREFIX}-{self.function}-{self.trigger.replace('_', '-')}"
 
 
-# Routing: the push subscriptions Terraform makes, with the filters it reads from routes.json, both rendered from
-# the routing table (shared/messages/routing.py).
+# Routing: Terraform's push subscriptions and routes.json filters, both from shared/messages/routing.py.
 ROUTES: tuple[Route, ...] = tuple(
     Route(route.function, route.trigger, route.topic, route.filter) for route in push_routes()
 )
@@ -221,10 +220,9 @@ class LocalCloud:
             self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens, require_token=False
         )
         self.scheduler_api = SchedulerFake()
+        self.monitoring_api = MonitoringStandIn(self.scenario.project)  # the monitor's custom-metric writes
         self._scheduler_url: str | None = None
         self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> LocalCloud:
         return self.start()
@@ -295,6 +293,7 @@ class LocalCloud:
             self.controller_apis.create_bucket(DEBUG_BUNDLE_BUCKET)
             self.controller_apis.start()
             self._scheduler_url = self.scheduler_api.start()
+            self.monitoring_api.start()
         return self.sim.start()
 
     def _build_settings(self, sim_url: str) -> Settings:
@@ -313,6 +312,7 @@ class LocalCloud:
                         "logging_endpoint": self.google_apis.base_url,  # where the VMs' agents write vLLM's lines
                         "storage_endpoint": self.controller_apis.base_url,  # debug bundles, read by the gateway
                         "debug_bundle_bucket": DEBUG_BUNDLE_BUCKET,
+                        "monitoring_endpoint": self.monitoring_api.endpoint,
                     }
                     if self.options.gcp
                     else {}
@@ -429,7 +429,7 @@ class LocalCloud:
             else:
                 os.environ[name] = value
         self.sim.stop()
-        for service in (self.google_apis, self.controller_apis, self.scheduler_api):
+        for service in (self.google_apis, self.controller_apis, self.scheduler_api, self.monitoring_api):
             with contextlib.suppress(Exception):
                 service.stop()
         survivors = _surviving_groups(groups)
@@ -442,8 +442,6 @@ class LocalCloud:
             log.removeHandler(self._log_handler)
             self._log_handler.close()
         return self._stopped
-
-    # ------------------------------------------------------------------ views for clients
 
     @property
     def settings(self) -> Settings:

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
         description="Cloud Storage JSON API endpoint for debug bundles, written by the node agent and read by the "
         "gateway (default: Google's).",
     )
+    monitoring_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$",
+        description="Cloud Monitoring gRPC endpoint (host:port) for the monitor's custom-metric writes "
+        "(default: Google's).",
+    )
     debug_bundle_bucket: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9]$",

@@ -29,6 +29,7 @@ from shared.domain.models import (
     ZoneMemoryEntry,
 )
 from shared.domain.quota import TPU_QUOTA_SERVICE, QuotaLimit
+from shared.domain.sli_metrics import MetricPoint
 
 __all__ = [
     "NODE_CHANNEL_PREFIX",
@@ -49,6 +50,7 @@ __all__ = [
     "LogQuery",
     "LogReader",
     "LogSink",
+    "MetricWriter",
     "MissingSubscription",
     "ModelChat",
     "ModelChatRequest",
@@ -562,6 +564,19 @@ class LogSink(Protocol):
     """
 
     def write(self, lines: Sequence[NodeLogLine]) -> None: ...
+
+
+class MetricWriter(Protocol):
+    """Where the monitor's SLIs go as time series (``shared.domain.sli_metrics``): Cloud Monitoring's custom metrics on
+    Google Cloud, a JSON-lines file under the data directory on the embedded default.
+
+    ``write`` takes a batch of gauge points and raises a classified ``CloudError`` when they were not all taken:
+    ``INVALID`` for points the API will never take (the same series written again within its sampling period,
+    labels that are not the descriptor's), anything else may pass later. The monitor never lets a failure here
+    stop a tick: the samples in the store stay the record.
+    """
+
+    def write(self, points: Sequence[MetricPoint]) -> None: ...
 
 
 class DebugBundles(Protocol):

@@ -21,6 +21,7 @@ from shared.ports import (
     CommandBus,
     DebugBundles,
     LogSink,
+    MetricWriter,
     NodeChannels,
     SchedulerApi,
     SecretStore,
@@ -253,7 +254,19 @@ class Runtime:
             topic_ticks=self.settings.topic_ticks,
         )
         probe = VllmProbe(api_key=self.secrets.get(self.settings.vllm_api_key_secret))
-        return Monitor(self.store, probe, self.bus, self.clock, settings, tpu=self.tpu)
+        return Monitor(self.store, probe, self.bus, self.clock, settings, tpu=self.tpu, metrics=self.metric_writer)
+
+    @cached_property
+    def metric_writer(self) -> MetricWriter:
+        """Where the monitor's SLIs go as time series: Cloud Monitoring's custom metrics (Terraform's dashboard and
+        SLO alerts read them), or a JSON-lines file under the data directory."""
+        if self.settings.backend == "gcp":
+            from shared.adapters.cloud_monitoring import CloudMonitoringWriter
+
+            return CloudMonitoringWriter(self.project, endpoint=self.settings.monitoring_endpoint)
+        from shared.adapters.local_metrics import JsonLinesMetricWriter
+
+        return JsonLinesMetricWriter(self._data / "metrics.jsonl")
 
     @cached_property
     def benchmarker(self) -> Benchmarker:

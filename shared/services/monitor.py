@@ -20,7 +20,10 @@ One tick:
    a change a record is rewritten only to refresh its stored SLIs (every ``record_refresh_s`` to twice that,
    spread per deployment), ``last_request_at`` (under traffic, at most every quarter of the idle window) or
    the last canary (idle, at most every ``canary_interval_s``, which the record keeps for the rate limit):
-   the live SLIs are in the samples, so a steady tick is one batched write.
+   the live SLIs are in the samples, so a steady tick is one batched write;
+7. write the samples' SLIs, phase and hourly price as time series through the ``MetricWriter`` port (Cloud
+   Monitoring custom metrics, ``shared.domain.sli_metrics``), for dashboards and SLO-burn alerts; a failure there
+   is counted and logged, never fatal.
 
 Boot progress: for a deployment whose node is up but has never served (BOOTING, COMPILING, or DOWN within its
 first boot), the tick also reads the node's guest attributes ``tpuctl/*`` through ``TpuApi.guest_attributes`` (one
@@ -91,6 +94,7 @@ from shared.domain.models import (
     ResourceRef,
 )
 from shared.domain.saturation import HEADROOM_SLI, max_running, measure, saturation_finding
+from shared.domain.sli_metrics import points_for
 from shared.domain.tpu_telemetry import TpuTelemetry, read_node_telemetry, telemetry_slis
 from shared.logging import scrub_untrusted
 from shared.messages import (
@@ -104,7 +108,7 @@ from shared.messages import (
     message_attributes,
     topic_for,
 )
-from shared.ports import Clock, CommandBus, ServingProbe, StateStore, TpuApi
+from shared.ports import Clock, CommandBus, MetricWriter, ServingProbe, StateStore, TpuApi
 from shared.services.monitor_types import DeploymentReport, MonitorSettings, TickReport
 
 __all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
@@ -156,6 +160,7 @@ class Monitor:
         settings: MonitorSettings | None = None,
         *,
         tpu: TpuApi | None = None,
+        metrics: MetricWriter | None = None,
     ) -> None:
         self.store = store
         self.probe = probe
@@ -163,6 +168,7 @@ class Monitor:
         self.clock = clock
         self.settings = settings or MonitorSettings()
         self.tpu = tpu  # None: boot progress is not read (the ready timeout still ends a hung boot)
+        self.metrics = metrics  # None: the SLIs stay in the store only
 
     # Entry points
 
@@ -195,6 +201,7 @@ class Monitor:
         for decision in decisions:
             self._write_record(decision, now, report)
             report.deployments.append(decision.report)
+        self._write_metrics(decisions, report)
         report.duration_s = self.clock.monotonic() - started
         log.info("monitor tick: %s", report.summary())
         return report
@@ -372,6 +379,21 @@ class Monitor:
             self.store.write_samples(batch)
             report.sample_batches += 1
             report.samples_written += len(batch)
+
+    def _write_metrics(self, decisions: Sequence[_Decision], report: TickReport) -> None:
+        """The SLIs as time series, after the store has them: a failure here is logged and counted, never fatal."""
+        if self.metrics is None:
+            return
+        points = [point for d in decisions for point in points_for(d.sample, d.record)]
+        if not points:
+            return
+        try:
+            self.metrics.write(points)
+        except CloudError as exc:
+            report.metric_failures += 1
+            log.warning("monitor: %d metric point(s) not written: %s", len(points), exc)
+            return
+        report.metric_points += len(points)
 
     def _write_record(self, decision: _Decision, now: datetime, report: TickReport) -> None:
         if decision.new_status is None:

@@ -84,6 +84,8 @@ class TickReport:
     record_writes: int = 0
     conflicts: int = 0
     publish_failures: int = 0
+    metric_points: int = 0  # points written as time series (MetricWriter)
+    metric_failures: int = 0  # batches the MetricWriter refused; the samples in the store are unaffected
     duration_s: float = 0.0
 
     @property

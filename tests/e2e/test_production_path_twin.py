@@ -38,6 +38,7 @@ from mcp_client_gateway.models import LogsView
 from shared.domain.debug_bundle import bundle_object_name
 from shared.domain.models import NodeTask, Phase, RejectedMessage
 from shared.domain.serving_key import deployment_api_key
+from shared.domain.sli_metrics import METRIC_PREFIX
 from shared.messages import NodeBooted, RestartServing, encode_message, message_attributes, new_command_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
@@ -123,6 +124,21 @@ def _a_vm_can_report_about_itself_but_never_command(cloud: LocalCloud, vm: TwinV
     record = cloud.store.get_deployment(SPEC.deployment_id)
     assert record is not None and record.status.node_system.get("node") != "intruder"
     assert vm.view().vllm_pid == before_pid, "vLLM was not restarted"
+
+
+def _the_monitor_s_slis_reach_cloud_monitoring(cloud: LocalCloud) -> None:
+    """The monitor function's google-cloud-monitoring client wrote the deployment's SLIs to the gRPC stand-in."""
+    serving = f"{METRIC_PREFIX}serving"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        points = [p for p in cloud.monitoring_api.series(serving) if p.labels["deployment_id"] == SPEC.deployment_id]
+        if points and points[-1].value == 1.0:
+            break
+        time.sleep(0.5)
+    assert points and points[-1].value == 1.0, "the monitor wrote the deployment as SERVING"
+    assert points[-1].labels["zone"] and points[-1].labels["tier"], "labelled with where its slice was granted"
+    assert cloud.monitoring_api.series(f"{METRIC_PREFIX}health_latency_s"), "with the SLIs of its samples"
+    assert cloud.monitoring_api.refusals == [], "nothing the real API would refuse"
 
 
 def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: LocalDemo) -> None:
@@ -304,6 +320,7 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     demo.deploy()
     demo.wait_until_serving(STEP_TIMEOUT_S)
     assert demo.ask(max_tokens=8).completion_tokens
+    _the_monitor_s_slis_reach_cloud_monitoring(cloud)
     _the_planned_fp8_kv_cache_is_found_running_bf16(cloud, demo)
 
     assert cloud.fleet is not None

@@ -30,8 +30,8 @@ OPTIONAL_MODULES = {"click", "pygments", "rich"}
 # since the controller's runtime set does not need them.
 EXECUTABLE_DISTRIBUTIONS = {"py-spy"}
 # The agent's alone (node_agent.tpu_telemetry: tpu-info's gRPC stubs and what they need that the root set does not
-# pin): pinned in requirements-dev.txt, where the tests and the VM twin get them.
-AGENT_ONLY_DISTRIBUTIONS = {"tpu-info", "grpcio", "protobuf", "immutabledict", "packaging"}
+# pin): pinned in requirements-dev.txt, where the tests and the VM twin get them. grpcio is in the root set.
+AGENT_ONLY_DISTRIBUTIONS = {"tpu-info", "protobuf", "immutabledict", "packaging"}
 
 
 def _step(*args: str, root: Path = REPO_ROOT) -> dict[str, object]:

@@ -43,6 +43,8 @@ DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "google-cloud-compute": ("google.cloud.compute",),
     "google-cloud-billing": ("google.cloud.billing",),
     "google-cloud-logging": ("google.cloud.logging",),
+    "google-cloud-monitoring": ("google.cloud.monitoring_v3",),
+    "grpcio": ("grpc",),
     "google-api-core": ("google.api_core", "google.protobuf", "google.longrunning", "google.rpc", "requests"),
     "google-auth": ("google.auth", "google.oauth2"),
     "httpx": ("httpx",),

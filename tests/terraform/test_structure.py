@@ -825,7 +825,13 @@ def test_alerts_watch_every_dead_letter_queue_the_functions_and_unhealthy_phases
     assert call["notification_channels"] == "${var.notification_channels}"
     monitoring = load_module(TERRAFORM_ROOT / "modules" / "monitoring")
     policies = monitoring.resources_of("google_monitoring_alert_policy")
-    assert set(policies) == {"dead_letter_backlog", "function_errors", "unhealthy_phase", "deployment_finding"}
+    assert set(policies) == {
+        "dead_letter_backlog",
+        "function_errors",
+        "unhealthy_phase",
+        "deployment_finding",
+        "slo_burn",
+    }
     for name, policy in policies.items():
         assert policy["notification_channels"] == "${local.channels}", name
     metric = monitoring.resources_of("google_logging_metric")["unhealthy_phase"]

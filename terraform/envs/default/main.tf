@@ -704,5 +704,7 @@ module "monitoring" {
   alert_email               = var.alert_email
   dead_letter_subscriptions = values(module.command_bus.dead_letter_subscription_names)
   function_services         = [module.provision.function_name, module.monitor.function_name, module.benchmark.function_name]
+  ttft_p90_slo_s            = var.ttft_p90_slo_s
+  itl_p90_slo_s             = var.itl_p90_slo_s
   labels                    = local.labels
 }

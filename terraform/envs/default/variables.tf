@@ -213,6 +213,18 @@ variable "alert_email" {
   default     = null
 }
 
+variable "ttft_p90_slo_s" {
+  description = "Time-to-first-token objective (p90, seconds) of the SLO-burn alert (modules/monitoring)."
+  type        = number
+  default     = 2
+}
+
+variable "itl_p90_slo_s" {
+  description = "Inter-token latency objective (p90, seconds) of the SLO-burn alert (modules/monitoring)."
+  type        = number
+  default     = 0.1
+}
+
 variable "functions_source_dir" {
   description = "Folder written by `make package` (one sub-folder per function); relative paths are from this env."
   type        = string

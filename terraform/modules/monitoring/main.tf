@@ -3,7 +3,7 @@
 #   2. a function answers 5xx more often than transient retries explain;
 #   3. the monitor logged a deployment moving to DEGRADED, STALLED or DOWN.
 # (3) counts the monitor's structured log entries through a log-based metric, so the alert works
-# from what the controller writes, with no custom metrics API calls.
+# from what the controller writes. The SLIs themselves, their dashboard and SLO-burn alerts: slo.tf.
 
 locals {
   channels = concat(var.notification_channels, [for c in google_monitoring_notification_channel.email : c.id])

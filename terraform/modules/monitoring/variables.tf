@@ -68,3 +68,36 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "ttft_p90_slo_s" {
+  description = "Time-to-first-token objective (p90, seconds) the SLO-burn alert holds each deployment to."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.ttft_p90_slo_s > 0
+    error_message = "ttft_p90_slo_s: give a positive number of seconds, e.g. 2."
+  }
+}
+
+variable "itl_p90_slo_s" {
+  description = "Inter-token latency objective (p90, seconds) the SLO-burn alert holds each deployment to."
+  type        = number
+  default     = 0.1
+
+  validation {
+    condition     = var.itl_p90_slo_s > 0
+    error_message = "itl_p90_slo_s: give a positive number of seconds, e.g. 0.1."
+  }
+}
+
+variable "slo_burn_window_s" {
+  description = "How long (seconds) a p90 must stay above its objective before the alert fires."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.slo_burn_window_s >= 60 && var.slo_burn_window_s <= 86400
+    error_message = "slo_burn_window_s: between 60 and 86400 seconds, e.g. 600."
+  }
+}
