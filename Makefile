@@ -32,8 +32,8 @@ pytest: setup vllm-tier test-tools
 	$(PY) -m pytest
 
 # Tools some tests need beside the venv: shellcheck (Debian package) for rendered startup scripts, checkov
-# in its own cached venv for the Terraform policy scan, and hclfmt (built from Debian's Go sources) for
-# the Terraform format checks.
+# in its own cached venv for the Terraform policy scan, hclfmt (built from Debian's Go sources) for
+# the Terraform format checks, and Debian's chromium for the status page's headless-browser tests.
 .PHONY: test-tools
 test-tools: setup
 	@command -v shellcheck >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -46,6 +46,11 @@ test-tools: setup
 	  || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go \
 	       golang-github-hashicorp-hcl-v2-dev >/dev/null; }; fi; \
 	  $(MAKE) --no-print-directory hclfmt || echo "test-tools: hclfmt unavailable; Terraform format checks will skip"; }
+	@command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	  || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "test-tools: chromium unavailable; the status page's browser tests will skip"; \
+	  else echo "test-tools: chromium missing and not root; the status page's browser tests will skip"; fi; }
 
 test: lint typecheck importlint pytest
 

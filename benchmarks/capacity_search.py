@@ -11,6 +11,9 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   in-process; only on ``advice-accurate`` and ``advice-noisy`` is the advice anything but noise-free live pools.
 * ``ours+probe``, ``ours+advice+probe``: the same with the spot probe of waiting flex-start requests (issue 21,
   item 4; ``ProbePolicy`` defaults). Probe nodes count as orphans when left behind, and their billing as waste.
+* ``ours+advice+step``: ``ours+advice`` whose spec may step down to the plan's alternative slices (issue 21, item 5;
+  ``shared.domain.slice_ladder``); only the ``step-down`` plan (a v6e-8, or a v6e-4) has any. Serving spend counts the
+  chips of the slice served.
 * ``sequential``: the reference agent's ``find_tpu`` (docs/reference/reference-agent.md §3): candidate zones in
   alphabetical order, one request at a time, wait for the create operation, poll every 15 s, give up
   after 3 min (10 min once PROVISIONING was seen) and delete *without* force (result ignored), never
@@ -98,6 +101,7 @@ POLICIES = (
     "ours+advice",
     "ours+probe",
     "ours+advice+probe",
+    "ours+advice+step",
     "ours-no-check",
     "ours-hedge4",
     "ours-no-park",
@@ -113,7 +117,9 @@ ADVICE_WORLDS: dict[str, tuple[Path, dict[str, float]]] = {
     "advice-noisy": (ADVICE_WORLD, {"accuracy": 0.6, "staleness_minutes": 15.0}),  # the shipped advice-noisy's
 }
 # Worlds of the benchmark's own (benchmarks/scenarios/), by plan name.
-BENCH_WORLDS = {"flex-held": Path(__file__).resolve().parent / "scenarios" / "flex-held.yaml"}
+BENCH_WORLDS = {
+    name: Path(__file__).resolve().parent / "scenarios" / f"{name}.yaml" for name in ("flex-held", "step-down")
+}
 QR = QueuedResourceState
 _DEAD = (QR.FAILED, QR.SUSPENDING, QR.SUSPENDED)
 _DEAD_NODES = (NodeState.PREEMPTED, NodeState.TERMINATED)
@@ -146,18 +152,18 @@ def _spec(plan: ScenarioPlan, world: World) -> DeploymentSpec:
     return DeploymentSpec(
         deployment_id=DEPLOYMENT,
         model="gemma-4-26b-a4b",
-        accelerator=ACCELERATOR,
+        accelerator=plan.accelerator,
         zones=tuple(sorted(world.scenario.zones))[:32],
         tiers=plan.tiers,
     )
 
 
-def _request(name: str, zone: str, tier: Tier) -> ProvisionRequest:
+def _request(name: str, zone: str, tier: Tier, accelerator: str = ACCELERATOR) -> ProvisionRequest:
     return ProvisionRequest(
         resource_id=name,
         node_id=name,
         zone=zone,
-        accelerator=ACCELERATOR,
+        accelerator=accelerator,
         tier=tier,
         request_id=str(uuid.uuid4()),
         labels={LABEL_DEPLOYMENT: DEPLOYMENT},  # for the orphan count only; baselines never look at labels
@@ -212,10 +218,13 @@ class Ours(Policy):
         hedge: int | None = None,
         advice: CapacityAdvice | None = None,
         probe: ProbePolicy | None = None,
+        step: bool = False,
     ) -> None:
         super().__init__(plan, world, tpu)
         if hedge is not None:
             self.spec = self.spec.model_copy(update={"hedge": hedge})
+        if step:  # step-down and step-across: the plan's alternative slices (shared.domain.slice_ladder)
+            self.spec = self.spec.model_copy(update={"alternative_accelerators": plan.alternatives})
         self.store = SqliteStateStore(folder / f"{uuid.uuid4().hex}.db")
         settings = ProvisionerSettings(holder="bench", planner=planner or PlannerPolicy(), probe=probe)
         self.provisioner = Provisioner(self.store, tpu, world.clock, settings=settings, advice=advice)
@@ -510,7 +519,7 @@ class Bound(Policy):
             name = f"bench-bound-{self.attempt}"
             self.attempt += 1
             try:
-                self.tpu.create(_request(name, zone, tier))
+                self.tpu.create(_request(name, zone, tier, self.spec.accelerator))
             except CloudError as exc:
                 if exc.error_class is ErrorClass.UNSUPPORTED:
                     self.pairs.remove((zone, tier))
@@ -560,6 +569,7 @@ def drive(
     orphan_kinds: tuple[str, ...] = ("queued_resource",),
     after_step: Callable[[], None] = lambda: None,
     on_first_serving: Callable[[str, str], None] = lambda zone, name: None,
+    chips: Callable[[str, str], int] = lambda zone, name: CHIPS,
 ) -> None:
     """Run ``policy`` in ``world`` until it has served ``SERVE_S`` (or the horizon passes) and fill ``result``.
 
@@ -592,9 +602,10 @@ def drive(
         wake = min(policy.next_s, now_s + SAMPLE_S, end_s)
         dt = max(wake - now_s, 1e-6)
         if up and serving is not None:
-            zone, _name, tier = serving
-            result.used_chip_hours += CHIPS * dt / 3600
-            result.used_usd += CHIPS * dt / 3600 * world.scenario.price(zone.rsplit("-", 1)[0], tier.value)
+            zone, name, tier = serving
+            held = chips(zone, name)  # the slice served: the plan's, or a step-down's smaller one
+            result.used_chip_hours += held * dt / 3600
+            result.used_usd += held * dt / 3600 * world.scenario.price(zone.rsplit("-", 1)[0], tier.value)
             result.serving_s += dt
         world.advance(dt)
         now_s += dt
@@ -657,6 +668,8 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     elif policy_name in ("ours+probe", "ours+advice+probe"):
         advice = InProcessAdvice(world) if "advice" in policy_name else None
         policy = Ours(plan, world, tpu, folder, advice=advice, probe=ProbePolicy())
+    elif policy_name == "ours+advice+step":
+        policy = Ours(plan, world, tpu, folder, advice=InProcessAdvice(world), step=True)
     elif policy_name == "ours-no-check":
         policy = Ours(plan, world, tpu, folder, PlannerPolicy(capacity_check_minutes=None))
     elif policy_name == "ours-hedge4":
@@ -673,11 +686,22 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
         policy = SkyPilot(plan, world, tpu)
     result = RunResult(policy_name, plan.name, seed)
     up = lambda zone, name: world.qr_state(zone, name) == "ACTIVE"  # noqa: E731
-    drive(policy, world, tpu, result, is_up=up, orphan_kinds=("queued_resource", "node"))  # nodes: spot probes
+    drive(policy, world, tpu, result, is_up=up, orphan_kinds=("queued_resource", "node"), chips=world_chips(world))
     if isinstance(policy, Bound):
         result.first_chips_s = policy.first_chips_s
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def world_chips(world: World) -> Callable[[str, str], int]:
+    """Chips of a served queued resource as the simulator holds it (its slice, not the plan's: a step-down)."""
+
+    def chips(zone: str, name: str) -> int:
+        with world.kernel.transaction():
+            qr = world.tpu.qrs.get((zone, name))
+            return int(qr.chips) if qr is not None else CHIPS
+
+    return chips
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -23,6 +23,8 @@ class ScenarioPlan:
     name: str
     tiers: tuple[Tier, ...]
     horizon_s: float
+    accelerator: str = "v6e-4"
+    alternatives: tuple[str, ...] = ()  # the slices ``ours+advice+step`` may widen to (shared.domain.slice_ladder)
 
 
 PLANS = {
@@ -32,6 +34,7 @@ PLANS = {
     "advice-accurate": ScenarioPlan("advice-accurate", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
     "advice-noisy": ScenarioPlan("advice-noisy", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0),
     "flex-held": ScenarioPlan("flex-held", (Tier.FLEX_START,), 4 * 3600.0),
+    "step-down": ScenarioPlan("step-down", (Tier.SPOT, Tier.ON_DEMAND), 4 * 3600.0, "v6e-8", ("v6e-4",)),
 }
 
 

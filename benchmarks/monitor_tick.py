@@ -36,8 +36,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from localcloud.monitoring_api import MonitoringStandIn
 from shared.adapters.clock import ManualClock
+from shared.adapters.cloud_monitoring import CloudMonitoringWriter
 from shared.adapters.local_bus import LocalBus
+from shared.adapters.local_metrics import JsonLinesMetricWriter
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe, parse_metrics
 from shared.domain.boot_progress import GuestAttribute
@@ -54,6 +57,7 @@ from shared.domain.models import (
     Tier,
 )
 from shared.domain.tpu_telemetry import ChipReading, TpuTelemetry, encode
+from shared.ports import MetricWriter
 from shared.services.monitor import Monitor, MonitorSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +187,12 @@ def _seed(store: SqliteStateStore, deployments: int, port: int, telemetry: bool)
 
 
 def bench_tick(
-    deployments: int, repeats: int, concurrency: int, telemetry: bool = False, guest_read_s: float = 0.0
+    deployments: int,
+    repeats: int,
+    concurrency: int,
+    telemetry: bool = False,
+    guest_read_s: float = 0.0,
+    metrics: str = "none",
 ) -> dict[str, Any]:
     replay = subprocess.Popen(
         [sys.executable, "-m", "tests.support.vllm_replay"],
@@ -205,7 +214,14 @@ def bench_tick(
                 bus.ensure_subscription(topic, topic + "-sink")
             _seed(store, deployments, port, telemetry)
             tpu = TelemetryTpu(clock, guest_read_s) if telemetry else None
-            monitor = Monitor(store, VllmProbe(timeout_s=5.0), bus, clock, settings, tpu=tpu)  # type: ignore[arg-type]
+            stand_in = MonitoringStandIn("bench") if metrics == "cloud" else None
+            writer: MetricWriter | None = None
+            if stand_in is not None:  # the real client over gRPC to the twin's stand-in on loopback
+                writer = CloudMonitoringWriter("bench", endpoint=stand_in.start())
+            elif metrics == "jsonl":
+                writer = JsonLinesMetricWriter(Path(tmp) / "metrics.jsonl")
+            probe = VllmProbe(timeout_s=5.0)
+            monitor = Monitor(store, probe, bus, clock, settings, tpu=tpu, metrics=writer)  # type: ignore[arg-type]
             rows = []
             for index in range(repeats + 1):
                 clock.advance(60)
@@ -227,6 +243,7 @@ def bench_tick(
                         "record_writes": store.record_writes,
                         "published": len(report.published),
                         "guest_reads": tpu.reads if tpu is not None else 0,
+                        "metric_points": report.metric_points,
                     }
                 )
             with_tpu = sum(
@@ -236,6 +253,8 @@ def bench_tick(
             )
             bus.close()
             store.close()
+            if stand_in is not None:
+                stand_in.stop()
         return {"deployments": deployments, "concurrency": concurrency, "ticks": rows, "with_tpu_slis": with_tpu}
     finally:
         if replay.stdin is not None:
@@ -254,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=MonitorSettings().max_concurrency)
     parser.add_argument("--telemetry", action="store_true", help="Serving nodes carry TPU telemetry to read.")
     parser.add_argument("--guest-read-ms", type=float, default=0.0, help="Per guest-attribute read (--telemetry).")
+    parser.add_argument(
+        "--metrics",
+        choices=("none", "jsonl", "cloud"),
+        default="none",
+        help="SLIs as time series: none, the JSON-lines file, or the Cloud Monitoring client to a loopback stand-in.",
+    )
     args = parser.parse_args(argv)
 
     parse = bench_parse(300)
@@ -275,14 +300,16 @@ def main(argv: list[str] | None = None) -> int:
             f"cold {label}: median {imported['median_ms']:.0f} ms "
             f"(min {imported['min_ms']:.0f}, max {imported['max_ms']:.0f})"
         )
-    tick = bench_tick(args.deployments, args.repeats, args.concurrency, args.telemetry, args.guest_read_ms / 1000)
+    tick = bench_tick(
+        args.deployments, args.repeats, args.concurrency, args.telemetry, args.guest_read_ms / 1000, args.metrics
+    )
     print(f"tick over {tick['deployments']} deployments, probe concurrency {tick['concurrency']}:")
     for row in tick["ticks"]:
         print(
             f"  {row['tick']:<26} wall {row['wall_s']:.2f} s, monitor CPU {row['cpu_s']:.2f} s, "
             f"ok {row['probed_ok']}, {row['samples']} samples in {row['sample_batches']} batch(es), "
             f"{row['record_writes']} record write(s), {row['published']} message(s), "
-            f"{row['guest_reads']} guest-attribute read(s) so far"
+            f"{row['guest_reads']} guest-attribute read(s) so far, {row['metric_points']} metric point(s)"
         )
     print(f"  deployments whose latest sample has TPU telemetry: {tick['with_tpu_slis']}")
     steady = [row["wall_s"] for row in tick["ticks"][1:]]

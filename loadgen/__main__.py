@@ -1,7 +1,8 @@
 """Run a benchmark from the command line: ``python -m loadgen --url http://127.0.0.1:8000 ...``.
 
 Writes ``result.json`` (the structured result), ``records.jsonl`` (one line per request) and the plots into
-``--out``, and prints the table. The API key is read from a file, never taken on the command line.
+``--out``, and prints the table; with ``--search-max-rate`` it searches the open-loop max rate at the SLO instead
+(``loadgen.rate_search``) and writes ``search.json``. The API key is read from a file, never taken on the command line.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from pydantic import ValidationError
 from loadgen.datasets import find_tokenizer_file, read_prompt_file
 from loadgen.generator import LoadGenerator, Target
 from loadgen.plots import write_plots
+from loadgen.rate_search import (
+    SearchPlan,
+    compare_searches,
+    comparison_lines,
+    read_search,
+    search_max_rate,
+    search_table,
+)
 from loadgen.report import result_table
 from loadgen.workloads import read_trace_file
+from shared.domain.bench_rate_search import SearchSettings
 from shared.domain.errors import PermanentError
 from shared.messages import BenchmarkRequest
 
@@ -63,7 +73,50 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--slo-e2el-ms", type=float)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for result, records and plots")
+    search = parser.add_argument_group("open-loop max rate at the SLO (--search-max-rate)")
+    search.add_argument(
+        "--search-max-rate", action="store_true", help="search the highest Poisson rate that keeps up and meets the SLO"
+    )
+    search.add_argument("--start-rate", type=float, default=1.0, help="first rate probed (req/s)")
+    search.add_argument("--max-rate", type=float, default=1000.0, help="highest rate probed (req/s)")
+    search.add_argument("--refine-steps", type=int, default=2, help="bisections between the last pass and first fail")
+    search.add_argument("--probe-requests", type=int, default=24, help="least requests per probe")
+    search.add_argument("--probe-seconds", type=float, default=8.0, help="a probe sends rate x this many requests")
+    search.add_argument("--repeats", type=int, default=1, help="runs of every probe, for 95%% intervals (3-5)")
+    search.add_argument("--slo-attainment", type=float, default=0.9, help="share of requests that must meet the SLO")
+    search.add_argument("--previous", type=Path, help="a previous search.json: %% change, significant or not")
     return parser
+
+
+def _search(args: argparse.Namespace, generator: LoadGenerator, request: BenchmarkRequest) -> int:
+    """``--search-max-rate``: writes ``search.json`` (and the comparison with ``--previous``), prints the table."""
+    try:
+        settings = SearchSettings(
+            start_rate=args.start_rate,
+            max_rate=args.max_rate,
+            refine_steps=args.refine_steps,
+            slo_attainment=args.slo_attainment,
+        )
+        plan = SearchPlan(settings, args.repeats, args.probe_requests, args.probe_seconds)
+    except ValueError as exc:
+        field, _, why = str(exc).partition(": ")
+        print(f"error: --{field.replace('_', '-')}: {why}", file=sys.stderr)
+        return 2
+    try:
+        previous = read_search(args.previous) if args.previous else None
+        result = asyncio.run(search_max_rate(generator, request, plan, on_row=lambda row: print(row["reason"])))
+    except PermanentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if previous is not None:
+        result["versus_previous"] = compare_searches(result, previous)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "search.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print(search_table(result))
+    for line in comparison_lines(result.get("versus_previous") or {}):
+        print(line)
+    print(f"\nwrote {args.out}/search.json")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tokenizer = find_tokenizer_file(args.tokenizer) if args.tokenizer else None
     generator = LoadGenerator(
-        Target(args.url, endpoint=args.endpoint, model=args.model, api_key=api_key), tokenizer_file=tokenizer
+        Target(args.url, endpoint=args.endpoint, model=args.model, api_key=api_key),
+        tokenizer_file=tokenizer,
+        server_counts=args.search_max_rate,
     )
+    if args.search_max_rate:
+        return _search(args, generator, request)
     try:
         result = asyncio.run(generator.run(request, prompt_entries=entries))
     except PermanentError as exc:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import httpx
 
 from loadgen.datasets import DatasetError, LocalTokenizer, ServerTokenCounter, TokenCounter, UsageTokenCounter
-from loadgen.server_cache import level_cache_figures, scrape_cache
+from loadgen.server_cache import level_cache_figures, level_server_counts, scrape_cache
 from loadgen.sessions import ChatMessages, SessionLevel
 from loadgen.sse import DONE, SseSplitter, read_chunk
 from loadgen.stats import Knee, RequestRecord, SweepPoint, find_knee, summarize
@@ -178,9 +178,11 @@ class LoadGenerator:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         connect_timeout_s: float = 10.0,
         text_salt: int | None = None,
+        server_counts: bool = False,
     ) -> None:
         """``text_salt`` fixes the prompts' texts across runs (tests); None draws one per run, so a run never
-        finds its prompts in the server's prefix cache from an earlier run with the same seed."""
+        finds its prompts in the server's prefix cache from an earlier run with the same seed. ``server_counts``
+        adds each level's ``/metrics`` deltas of requests succeeded and tokens (``level_server_counts``)."""
         if not target.base_url.startswith(("http://", "https://")):
             raise BenchmarkSetupError(f"base_url: {target.base_url!r} must start with http:// or https://")
         self.target = target
@@ -190,6 +192,7 @@ class LoadGenerator:
         self._wall_clock = wall_clock
         self._connect_timeout_s = connect_timeout_s
         self._text_salt = text_salt
+        self._server_counts = server_counts
         self._headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if target.api_key:
             self._headers["authorization"] = f"Bearer {target.api_key}"
@@ -235,7 +238,10 @@ class LoadGenerator:
                     break
                 before = await scrape_cache(client)
                 point = await self._run_level(client, model, request, level, workload, number)
-                point.metrics.update(level_cache_figures(before, await scrape_cache(client), point.records))
+                after = await scrape_cache(client)
+                point.metrics.update(level_cache_figures(before, after, point.records))
+                if self._server_counts:
+                    point.metrics.update(level_server_counts(before, after))
                 points.append(point)
                 if on_point is not None:
                     on_point(point)

@@ -1,5 +1,9 @@
 """The server's prefix-cache hit rate over one level, from ``/metrics`` deltas, beside the client's expectation.
 
+The same scrapes give the server's own count of the level's work: ``server_requests_succeeded``
+(``vllm:request_success_total``), ``server_generation_tokens`` and ``server_prompt_tokens`` deltas, which the
+open-loop search (``loadgen.rate_search``) checks its achieved figures against.
+
 vLLM counts, per request it schedules (a preempted request's second look is counted apart), the prompt tokens it
 looked up (``vllm:prefix_cache_queries_total``) and those the cache served (``vllm:prefix_cache_hits_total``);
 ``vllm:cache_config_info`` says the KV block size and whether prefix caching is on. The generator scrapes before
@@ -21,7 +25,7 @@ from loadgen.stats import RequestRecord
 from loadgen.workloads import expected_cached_tokens
 from shared.adapters.vllm_probe import parse_metrics
 
-__all__ = ["CacheCounters", "level_cache_figures", "scrape_cache"]
+__all__ = ["CacheCounters", "level_cache_figures", "level_server_counts", "scrape_cache"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,12 @@ class CacheCounters:
     hits: float | None
     block_size: int | None
     enabled: bool | None
+    requests_succeeded: float | None = None
+    """``vllm:request_success_total`` summed over finish reasons."""
+    generation_tokens: float | None = None
+    """``vllm:generation_tokens_total``."""
+    prompt_tokens: float | None = None
+    """``vllm:prompt_tokens_total``."""
 
 
 async def scrape_cache(client: httpx.AsyncClient) -> CacheCounters | None:
@@ -56,6 +66,9 @@ async def scrape_cache(client: httpx.AsyncClient) -> CacheCounters | None:
         hits=snapshot.counters.get("prefix_cache_hits"),
         block_size=int(block) if block.isdigit() else None,
         enabled=None if enabled is None else enabled == "True",
+        requests_succeeded=snapshot.requests_finished,
+        generation_tokens=snapshot.counters.get("generation_tokens"),
+        prompt_tokens=snapshot.counters.get("prompt_tokens"),
     )
 
 
@@ -87,6 +100,20 @@ def level_cache_figures(
         prefix_cache_hit_rate=hits / queries if queries > 0 else None,
     )
     return figures
+
+
+def level_server_counts(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, int | None]:
+    """The server's own count of a level's work from the same scrapes: requests succeeded, tokens generated and
+    prompt tokens read (None when unmeasured or the server restarted in between)."""
+    counts: dict[str, int | None] = {}
+    for key, name in (
+        ("server_requests_succeeded", "requests_succeeded"),
+        ("server_generation_tokens", "generation_tokens"),
+        ("server_prompt_tokens", "prompt_tokens"),
+    ):
+        moved = _delta(getattr(before, name, None), getattr(after, name, None))
+        counts[key] = None if moved is None else round(moved)
+    return counts
 
 
 def _delta(before: float | None, after: float | None) -> float | None:

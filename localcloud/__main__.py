@@ -23,6 +23,9 @@ from localcloud.progress import ProgressTracker
 from localcloud.runner import LocalCloud, LocalCloudOptions
 from localcloud.tpu_sim import ScenarioError, available_scenarios
 from localcloud.vllm_cpu import REPO_ROOT, default_cache_dir
+from mcp_client_gateway.composition import build_ports
+from mcp_client_gateway.core import GatewayCore
+from mcp_client_gateway.status_page.server import StatusPage
 from shared.adapters.local_stack import connection_path, publish, withdraw
 from shared.logging import configure_logging
 
@@ -63,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--seed", type=int, default=None, help="override the scenario's RNG seed")
     up.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    up.add_argument(
+        "--ui-port", type=int, default=8765, help="the status page's loopback port (0: any free one; -1: no page)"
+    )
     return parser
 
 
@@ -87,6 +93,19 @@ def _announce(cloud: LocalCloud, args: argparse.Namespace) -> Path:
         print(f"  {connection}, removed when the stack stops)\n")
     print("Ctrl-C stops the stack.", flush=True)
     return connection
+
+
+def _status_page(cloud: LocalCloud, port: int) -> StatusPage | None:
+    """The status page (``tpuctl ui``) over the stack's own store, when ``port`` is not -1 and is free."""
+    if port < 0:
+        return None
+    try:
+        page = StatusPage(GatewayCore(build_ports(cloud.settings)), port=port)
+    except OSError as exc:
+        print(f"localcloud: no status page on port {port} ({exc.strerror}); run `tpuctl ui --port 0`", file=sys.stderr)
+        return None
+    print(f"status page: {page.start()}", flush=True)
+    return page
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         report = cloud.stop()
         return 1 if not report.survivors else 3
     connection = _announce(cloud, args)
+    page = _status_page(cloud, args.ui_port)
     try:
         tracker = ProgressTracker(cloud.store, cloud.fleet)
         while not stopping.wait(1.0):
@@ -132,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(line.render(), flush=True)
     finally:  # also when following progress fails: nothing started is left running, nothing stale published
         withdraw(connection, pid=os.getpid())
+        if page is not None:
+            page.stop()
         print("stopping...", flush=True)
         report = cloud.stop()
     if report.survivors:

@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from shared.config import Settings
     from shared.logging import configure_logging
+    from shared.tracing import configure_tracing
 
     overrides: dict[str, Any] = {}
     if args.read_only or args.toolset:  # the flags override TPUCTL_TOOLSET
@@ -65,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tpuctl gateway: bad configuration: {problems}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, stream=sys.stderr)
+    configure_tracing(settings.trace_export, "tpuctl-gateway", project=settings.project)  # the SDK spans each call
 
     from mcp_client_gateway.composition import build_ports, warm_up
     from mcp_client_gateway.server import build_server

@@ -58,12 +58,14 @@ from mcp_client_gateway.cli_output import (
     render_zones,
     write_benchmark_plots,
 )
+from mcp_client_gateway.cli_ui import add_ui_command
 from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayCore, GatewayError, GatewayPorts
 from mcp_client_gateway.interface_words import cli_text
 from mcp_client_gateway.models import ErrorCode, MetricsView, UpdateAccepted
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
 from shared.messages.contracts import UUID_PATTERN
+from shared.tracing import configure_tracing, traced
 
 __all__ = ["EXIT_CODES", "main", "run"]
 
@@ -189,6 +191,7 @@ def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         deployment_id=args.deployment_id,
         model=args.model,
         accelerator=args.accelerator,
+        alternative_accelerators=args.alternative_accelerator,
         zones=args.zone or None,
         tiers=args.tier,
         hedge=args.hedge,
@@ -265,6 +268,7 @@ def cmd_plan(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
     plan = core.plan(
         model=args.model,
         accelerator=args.accelerator,
+        alternative_accelerators=args.alternative_accelerator,
         zones=args.zone or None,
         tiers=args.tier,
         max_model_len=args.max_model_len,
@@ -490,9 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_planning_commands(sub, common)
     _add_serving_commands(sub, common)
     add_debug_command(sub, common)
+    add_ui_command(sub, common)
     _add_bench_commands(sub, common, waiting)
     _add_gateway_commands(sub, common)
     return parser
+
+
+_ALTERNATIVE = "a slice to step down or across to when the first is scarce (repeat, in order); must fit"
 
 
 def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting: argparse.ArgumentParser) -> None:
@@ -501,6 +509,7 @@ def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting:
     deploy.add_argument("deployment_id")
     deploy.add_argument("--model", required=True, choices=MODELS)
     deploy.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
+    deploy.add_argument("--alternative-accelerator", action="append", choices=ACCELERATORS, help=_ALTERNATIVE)
     deploy.add_argument("--zone", action="append", help="allowed zone, best first (repeat); default: quota fits")
     deploy.add_argument("--tier", action="append", choices=TIERS, help="capacity tier in priority order (repeat)")
     deploy.add_argument("--hedge", type=int)
@@ -557,6 +566,7 @@ def _add_planning_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     plan = sub.add_parser("plan", parents=[common], help="will it fit, how vLLM runs, what it costs")
     plan.add_argument("--model", required=True, choices=MODELS)
     plan.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
+    plan.add_argument("--alternative-accelerator", action="append", choices=ACCELERATORS, help=_ALTERNATIVE)
     plan.add_argument("--zone", action="append", help="zone to price (repeat); default: where it fits quota")
     plan.add_argument("--tier", action="append", choices=TIERS, help="tier to price (repeat)")
     plan.add_argument("--max-model-len", type=int)
@@ -685,7 +695,8 @@ def run(
         ports = built
     core = GatewayCore(ports)
     try:
-        return int(args.handler(core, args, out))
+        with traced(f"tpuctl {args.command}"):  # the commands it publishes carry this trace (shared/tracing.py)
+            return int(args.handler(core, args, out))
     except GatewayError as exc:
         out.err.print(Text(f"error: {_cli_error(exc, args)}"))
         return EXIT_CODES.get(exc.code, EXIT_ERROR)
@@ -770,6 +781,7 @@ def _build_ports(args: argparse.Namespace, out: Output) -> GatewayPorts | None:
         out.err.print(Text(f"error: bad configuration: {problems}"))
         return None
     configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level, stream=out.stderr)
+    configure_tracing(settings.trace_export, "tpuctl-cli", project=settings.project)
     return build_ports(settings)
 
 

@@ -1,4 +1,5 @@
-"""``tpuctl bench run``'s workload and SLO flags: shared prefix, multi-turn sessions, a trace file, goodput SLOs.
+"""``tpuctl bench run``'s workload and SLO flags: shared prefix, multi-turn sessions, a trace file, goodput SLOs,
+and ``--search-max-rate-from``, the open-loop max rate at the SLO over a doubling ladder of Poisson rates.
 
 The trace file is read here, on the workstation (``loadgen.workloads.read_trace_file``: JSON Lines of
 ``timestamp`` in seconds, ``input_len``, ``output_len``), and sent in the command as the ``trace`` the MCP tool
@@ -14,6 +15,7 @@ from typing import Any
 
 from loadgen.workloads import TraceError, read_trace_file
 from mcp_client_gateway.errors import GatewayError
+from shared.domain.bench_rate_search import LADDER_RUNGS, rate_ladder
 from shared.messages import WORKLOADS
 
 __all__ = ["add_workload_arguments", "workload_settings"]
@@ -30,6 +32,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO (ms) for goodput and the cost at the SLO")
     parser.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO (ms) for goodput and the cost at the SLO")
+    parser.add_argument(
+        "--search-max-rate-from",
+        type=float,
+        metavar="RATE",
+        help=f"open-loop max rate at the SLO: Poisson levels RATE, 2xRATE, ... ({LADDER_RUNGS} rungs) instead of "
+        "--concurrency; the result names the highest rate that kept up (>= 95%% of offered) and met the SLO",
+    )
 
 
 def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,4 +68,27 @@ def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
             for entry in trace
         ]
         settings.setdefault("workload", "trace")
+    start = getattr(args, "search_max_rate_from", None)
+    if start is not None:
+        settings.update(_search_ladder(start, settings))
     return settings
+
+
+def _search_ladder(start: float, settings: dict[str, Any]) -> dict[str, Any]:
+    """``--search-max-rate-from``: a rate sweep over the search's ladder (the node measures every rung; the
+    controller judges them in order and stops at the first that saturates or breaks the SLO)."""
+    if settings.get("workload") == "trace":
+        raise GatewayError(
+            "invalid_argument",
+            "search_max_rate_from",
+            "a trace sets its own arrivals, so there is no rate to search",
+            "drop --trace-file, or drop --search-max-rate-from to replay the trace",
+        )
+    if not 0 < start <= 5000:
+        raise GatewayError(
+            "invalid_argument",
+            "search_max_rate_from",
+            f"{start:g} is not a usable first rate",
+            "give the first request rate to probe, in requests per second, above 0 and at most 5000",
+        )
+    return {"mode": "rate", "request_rate": rate_ladder(start)}

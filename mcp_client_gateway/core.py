@@ -44,6 +44,7 @@ from mcp_client_gateway.capabilities.operations import Operations, deployment_st
 from mcp_client_gateway.capabilities.plans import Plans
 from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.capabilities.serving import Serving
+from mcp_client_gateway.capabilities.timeline import Timelines, TimelineView
 from mcp_client_gateway.confirmation import ConfirmationRequest, Confirmations
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.models import (
@@ -102,6 +103,7 @@ class GatewayCore:
         self.logs = MetricsAndLogs(ports, records, publisher, node_tasks, redaction, self.serving)
         self.benchmarks = Benchmarks(ports, records, publisher)
         self.debugging = Debugging(ports, records, publisher, node_tasks, redaction)
+        self.timelines = Timelines(ports, records)
 
     @property
     def tail_wait_s(self) -> float:
@@ -132,11 +134,13 @@ class GatewayCore:
         reservation_name: str | None = None,
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
+        alternative_accelerators: Sequence[str] | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; no zones: the
-        plan's search scope (where the slice fits the live quota, ``Capacity.search_scope``)."""
+        plan's search scope (where the slice, or an alternative slice, fits the live quota,
+        ``Capacity.search_scope``)."""
         if zones is None:
-            zones = self.capacity.search_scope(accelerator=accelerator, tiers=tiers).zones
+            zones = self.capacity.ladder_scope(accelerator, alternative_accelerators, tiers).zones
         accepted = self.deployments.create_deployment(
             deployment_id=deployment_id,
             model=model,
@@ -153,6 +157,7 @@ class GatewayCore:
             reservation_name=reservation_name,
             command_id=command_id,
             valid_until_minutes=valid_until_minutes,
+            alternative_accelerators=alternative_accelerators,
         )
         warning = clock_warning(self.ports, ttl_hours)
         return accepted.model_copy(update={"warnings": [warning]}) if warning else accepted
@@ -220,6 +225,9 @@ class GatewayCore:
         """The status dashboard of one deployment."""
         return self.operations.get_deployment(deployment_id)
 
+    def timeline(self, deployment_id: str, *, hours: float = 24.0) -> TimelineView:
+        return self.timelines.timeline(deployment_id, hours=hours)
+
     def get_operation(self, command_id: str) -> OperationView:
         """Where a command is: on the bus, in the ledger, and the phase of its deployment."""
         return self.operations.get_operation(command_id)
@@ -245,9 +253,11 @@ class GatewayCore:
         gpu_memory_utilization: float | None = None,
         ttl_hours: float | None = None,
         tokens_per_second: float | None = None,
+        alternative_accelerators: Sequence[str] | None = None,
     ) -> PlanView:
         """Capacity verdict and HBM table, the vLLM launch, and prices per region and tier (read-only)."""
         return self.plans.plan(
+            alternative_accelerators=alternative_accelerators,
             model=model,
             accelerator=accelerator,
             zones=zones,

@@ -67,7 +67,9 @@ _CONFIRM = {"confirm": "--confirm"}
 
 # MCP tool -> the tpuctl command that does the same (None: the CLI has no such command; use `tpuctl mcp`).
 COMMANDS: dict[str, CliCommand | None] = {
-    "tpu_create_deployment": CliCommand("deploy", _ID, {"model": "--model", **_DEPLOY_SPEC}),
+    "tpu_create_deployment": CliCommand(
+        "deploy", _ID, {"model": "--model", **_DEPLOY_SPEC, "alternative_accelerators": "--alternative-accelerator"}
+    ),
     "tpu_list_deployments": CliCommand(
         "status", (), {"include_deleted": "--all"}, frozenset({"phase", "offset", "limit"})
     ),
@@ -87,6 +89,7 @@ COMMANDS: dict[str, CliCommand | None] = {
         {
             "model": "--model",
             "accelerator": "--accelerator",
+            "alternative_accelerators": "--alternative-accelerator",
             "zones": "--zone",
             "tiers": "--tier",
             "max_model_len": "--max-model-len",

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mcp_client_gateway.slice_views import AlternativeSliceView
 from shared.domain.untrusted import benchmark_result_view, clean_text, node_system_view
 
 __all__ = [
@@ -143,6 +144,7 @@ class ResourceView(_View):
     name: str
     zone: str
     tier: str
+    accelerator: str | None = Field(default=None, description="The slice asked for (a step-down's, or the spec's).")
     state: str = Field(description="Queued-resource state, e.g. WAITING_FOR_RESOURCES, ACTIVE.")
     node_state: str | None = Field(default=None, description="TPU VM state, e.g. READY, PREEMPTED.")
     endpoint: str | None = None
@@ -276,6 +278,8 @@ class DeploymentDetail(_View):
     deployment_id: str
     model: str
     accelerator: str
+    alternative_accelerators: list[str] = Field(default_factory=list, description="Slices it may step down to.")
+    granted_accelerator: str | None = Field(default=None, description="The slice granted; why: its attempt log.")
     zones: list[str]
     tiers: list[str]
     desired: str
@@ -761,6 +765,7 @@ class PlanView(_View):
     fits: bool
     reasons: list[str] = Field(description="Why it does not fit (empty when it fits).")
     smallest_fitting_slice: str | None = None
+    alternatives: list[AlternativeSliceView] = Field(default_factory=list, description="Alternative slices, fit.")
     capacity: CapacityView
     hbm_table: str = Field(description="The per-chip table as markdown.")
     image: str

@@ -25,6 +25,7 @@ from mcp.server.mcpserver.tools import Tool
 
 from mcp_client_gateway.core import GatewayCore, GatewayPorts
 from mcp_client_gateway.tools import benchmarks, capacity, deployments, logs, operations, secrets, serving
+from mcp_client_gateway.tools.chart_apps import ChartApps
 from mcp_client_gateway.tools.common import ConfirmForm, ToolSet, Toolset, resolve_toolset
 
 __all__ = ["SERVER_NAME", "ConfirmForm", "build_server", "instructions"]
@@ -94,6 +95,7 @@ def build_server(
     toolset: Toolset | None = None,
     read_only: bool = False,
     warm_up: Callable[[], None] | None = None,
+    chart_apps: bool = True,
 ) -> MCPServer:
     """The gateway's MCP server with the tools of ``toolset``: ``read-only`` (only the tools that change
     nothing), ``operate`` (all but the irrecoverable ones: no delete) or ``all`` (the default). ``read_only`` is
@@ -101,6 +103,9 @@ def build_server(
 
     ``warm_up`` runs on one of the worker threads tool calls use, once the server starts (after the imports,
     while the client negotiates), so the first tool call does not pay for opening the store.
+
+    ``chart_apps`` (default on) adds the MCP Apps extension (``tools/chart_apps.py``): the metrics and benchmark
+    tools carry ``ui://`` chart pages for clients that negotiated Apps; other clients see no difference in results.
     """
     core = core_or_ports if isinstance(core_or_ports, GatewayCore) else GatewayCore(core_or_ports)
     served = resolve_toolset(toolset, read_only=read_only)
@@ -123,4 +128,7 @@ def build_server(
     benchmarks.register(tools)
     secrets.register(tools)
     text = instructions(served, tools.tools)
-    return MCPServer(SERVER_NAME, instructions=text, version="0.1.0", lifespan=lifespan, tools=tools.tools)
+    extensions = [ChartApps(tools.tools)] if chart_apps else []  # MCP Apps: charts for the hosts that draw them
+    return MCPServer(
+        SERVER_NAME, instructions=text, version="0.1.0", lifespan=lifespan, tools=tools.tools, extensions=extensions
+    )

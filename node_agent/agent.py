@@ -7,13 +7,10 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
 2. reports runs a previous process left ``running`` as failed, with that cause, and publishes any result not
    yet published (``node_agent.journal``);
 3. publishes ``node.booted`` with the machine's details (``node_agent.system_info``);
-4. pulls ``benchmark.run``, ``serving.restart`` and ``serving.logs`` from its deployment's node channel, the
-   subscription ``tpuctl-node-<deployment>`` on the node-tasks topic filtered on ``attributes.deployment_id``, on a
-   background thread, so a node task is carried out while a benchmark runs; a dispatch or task is written to its
-   journal and acked, then carried out; a redelivered id (runs and tasks alike, across agent restarts) is acked
-   without doing anything twice. The agent creates no topic and no subscription: the controller opened the channel
-   before it created this node and granted the VM's account subscriber on it alone (``shared.ports.NodeChannels``).
-   A channel not there yet is said so in the log and pulled again every ``_MISSING_CHANNEL_WAIT_S``;
+4. pulls runs and tasks from its deployment's node channel (``tpuctl-node-<deployment>``, which the controller
+   opened and granted the VM's account alone; the agent creates nothing on the bus and waits for a missing one) on
+   a background thread; each is journalled and acked, then carried out, and a redelivered id is acked without doing
+   anything twice, across agent restarts too. A task's answer goes out in its request's trace (``shared.tracing``);
 5. runs the load generator against the local vLLM (``loadgen.generator``), one run at a time, keeps the
    per-request records in a JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status,
    structured result, cause of failure) on the events topic, retrying the publish until the bus takes it;
@@ -32,8 +29,7 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
 7. ships the serving container's log, cleaned the same way and with vLLM's severities, to the runtime's log sink
    (Cloud Logging on Google Cloud, nothing on the embedded default) on a thread of its own
    (``node_agent.log_shipper``), and reads vLLM's start-up facts from it into ``tpuctl/engine`` (``engine_report``);
-8. samples the TPU's telemetry into the guest attribute ``tpuctl/telemetry`` and beside each benchmark result
-   (``node_agent.tpu_telemetry``).
+8. samples TPU telemetry into ``tpuctl/telemetry`` and beside each benchmark result (``node_agent.tpu_telemetry``).
 
 SIGTERM or SIGINT stop new requests, give requests in flight a short grace, record the run as failed ("stopped
 during the run"), publish that and exit. The API key is read from a file and never logged.
@@ -60,7 +56,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen.generator import LoadGenerator, Target
 from node_agent.answers import TASK_ACTIONS, TaskAnswer, fit_lines, shrink_result
-from node_agent.bundle_keeper import BundleKeeper, KeptBundle, metadata_base_url, node_bundle_keeper
+from node_agent.bundle_keeper import BundleKeeper, KeptBundle, node_bundle_keeper
+from node_agent.event_key import read_event_key
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from node_agent.log_lines import clean_log_line
 from node_agent.system_info import boot_id, system_info
@@ -68,8 +65,8 @@ from node_agent.tpu_telemetry import TelemetrySampler, start_sampler, tpu_result
 from shared.config import Settings
 from shared.domain.errors import ControllerError, InvalidMessage, PermanentError
 from shared.domain.models import DEPLOYMENT_ID_PATTERN
-from shared.domain.node_seal import EVENT_KEY_METADATA, EVENT_SEAL_ATTRIBUTE, seal
-from shared.logging import redact
+from shared.domain.node_seal import EVENT_SEAL_ATTRIBUTE, seal
+from shared.logging import configure_logging, redact
 from shared.messages import (
     BenchmarkCompleted,
     CaptureDebugBundle,
@@ -83,6 +80,7 @@ from shared.messages import (
     message_attributes,
 )
 from shared.ports import Clock, CommandBus, Delivery, LogSink, MissingSubscription, ServingContainer, node_channel
+from shared.tracing import TRACEPARENT, configure_tracing, delivery_span, with_trace_context
 
 __all__ = [
     "SERVING_CONTAINER_NAME",
@@ -95,6 +93,7 @@ __all__ = [
     "fit_lines",
     "main",
     "node_subscription",
+    "read_event_key",
     "ship_serving_logs",
     "shrink_result",
 ]
@@ -387,7 +386,9 @@ class NodeAgent:
         body = delivery.data.decode("utf-8")
         if isinstance(message, RestartServing | TailServingLogs | CaptureDebugBundle):
             action = TASK_ACTIONS[message.kind]
-            if self.tasks.accept(message.command_id, action, body, self._now()):
+            if self.tasks.accept(
+                message.command_id, action, body, self._now(), trace=delivery.attributes.get(TRACEPARENT, "")[:64]
+            ):
                 log.info("accepted %s task %s", action, message.command_id)
             else:
                 log.info("%s task %s was already accepted; redelivery acked", action, message.command_id)
@@ -406,7 +407,9 @@ class NodeAgent:
         for entry in self.tasks.waiting():
             if self.stopping.is_set():
                 break
-            answer = self._carry_out(entry)
+            with delivery_span(f"node-agent {entry.action}", {TRACEPARENT: entry.trace}, task_id=entry.task_id):
+                answer = self._carry_out(entry)
+                trace = with_trace_context({}).get(TRACEPARENT, "")  # the answer is reported under this span
             self.tasks.finish(
                 entry.task_id,
                 answer.status,
@@ -414,6 +417,7 @@ class NodeAgent:
                 detail=answer.detail[:2000],
                 lines=answer.lines,
                 bundle=answer.bundle,
+                trace=trace,
             )
             log.info("%s task %s %s: %s", entry.action, entry.task_id, answer.status, answer.detail[:300])
             done += 1
@@ -612,15 +616,15 @@ class NodeAgent:
                 bundle=entry.bundle,
             )
             event = fit_lines(event, entry.lines)
-            if not self._publish(event):
+            if not self._publish(event, trace=entry.trace):
                 return sent
             self.tasks.mark_published(entry.task_id)
             sent += 1
         return sent
 
-    def _publish(self, message: BenchmarkCompleted | NodeBooted | NodeTaskCompleted) -> bool:
+    def _publish(self, message: BenchmarkCompleted | NodeBooted | NodeTaskCompleted, *, trace: str = "") -> bool:
         body = encode_message(message)
-        attributes = message_attributes(message)
+        attributes = message_attributes(message) | ({TRACEPARENT: trace} if trace else {})
         if self._event_key is not None:
             attributes[EVENT_SEAL_ATTRIBUTE] = seal(self._event_key, body)
         try:
@@ -663,6 +667,12 @@ def ship_serving_logs(
             closer()
 
 
+def _log_and_trace(settings: Settings) -> None:
+    """JSON logs, and spans where ``TPUCTL_TRACE_EXPORT`` says (shared/tracing.py)."""
+    configure_logging(settings.log_level)
+    configure_tracing(settings.trace_export, "tpuctl-node-agent", project=settings.project)
+
+
 def _journal_dir(settings: Settings, agent: NodeAgentSettings) -> Path:
     if agent.node_journal_dir is not None:
         return agent.node_journal_dir
@@ -681,47 +691,17 @@ def _read_key(path: Path | None) -> str | None:
     return key or None
 
 
-def read_event_key(
-    metadata_host: str | None = None, *, attempts: int = 5, wait_s: float = 2.0, timeout_s: float = 5.0
-) -> str | None:
-    """This VM's event key from its own instance metadata (``tpuctl-event-key``), or None when it has none.
-
-    The metadata server answers only the VM it runs for, so the key names this node's deployment alone."""
-    import httpx
-
-    url = f"{metadata_base_url(metadata_host)}/instance/attributes/{EVENT_KEY_METADATA}"
-    for attempt in range(attempts):
-        try:
-            answer = httpx.get(url, headers={"Metadata-Flavor": "Google"}, timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            log.warning("metadata server unreachable for the event key (%s); attempt %d", type(exc).__name__, attempt)
-        else:
-            if answer.status_code == 404:
-                break
-            key = answer.text.strip()
-            if answer.status_code == 200 and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
-                return key
-            log.warning("metadata server gave no usable event key (HTTP %d); attempt %d", answer.status_code, attempt)
-        time.sleep(wait_s)
-    log.error(
-        "this node has no %s in its instance metadata: the controller will refuse every event it publishes "
-        "(benchmark results, task answers, node.booted); recreate the node from the controller",
-        EVENT_KEY_METADATA,
-    )
-    return None
-
-
 def main() -> int:
     """Entry point of ``python -m node_agent.agent``."""
     from loadgen.datasets import find_tokenizer_file
     from shared.adapters.docker_engine import DockerEngineContainer
     from shared.config import get_settings
     from shared.domain.serving_key import deployment_api_key
-    from shared.logging import configure_logging, register_secret
+    from shared.logging import register_secret
     from shared.wiring import Runtime
 
     settings = get_settings()
-    configure_logging(settings.log_level)
+    _log_and_trace(settings)
     agent_settings = NodeAgentSettings()
     api_key = _read_key(agent_settings.node_api_key_file)  # the master, as vLLM was started with it
     # The serving port (the serving proxy) takes only this deployment's own key, derived from the master.

@@ -171,6 +171,8 @@ class TaskEntry:
     lines: list[str] = field(default_factory=list)
     bundle: str = ""
     """The debug bundle kept for this task (restart, debug), if any."""
+    trace: str = ""
+    """The W3C ``traceparent`` its answer is reported under: the request's, then the agent's own span's."""
     published: bool = False
 
 
@@ -208,13 +210,13 @@ class TaskJournal:
         with self._lock:
             return self._entries.get(task_id)
 
-    def accept(self, task_id: str, action: TaskAction, message: str, at: str) -> bool:
+    def accept(self, task_id: str, action: TaskAction, message: str, at: str, *, trace: str = "") -> bool:
         """Record a task; False when its id was seen before (a redelivery or a duplicate)."""
         with self._lock:
             if task_id in self._entries:
                 return False
             self._entries[task_id] = TaskEntry(
-                task_id=task_id, action=action, state="accepted", message=message, accepted_at=at
+                task_id=task_id, action=action, state="accepted", message=message, accepted_at=at, trace=trace
             )
             self._save()
             return True
@@ -233,11 +235,12 @@ class TaskJournal:
         detail: str,
         lines: list[str],
         bundle: str = "",
+        trace: str = "",
     ) -> None:
         with self._lock:
             entry = self._entries[task_id]
             entry.state, entry.finished_at, entry.detail, entry.lines = state, at, detail, list(lines)
-            entry.bundle = bundle
+            entry.bundle, entry.trace = bundle, trace or entry.trace
             self._save()
 
     def unpublished(self) -> list[TaskEntry]:

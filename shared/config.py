@@ -62,6 +62,11 @@ class Settings(BaseSettings):
         description="Cloud Storage JSON API endpoint for debug bundles, written by the node agent and read by the "
         "gateway (default: Google's).",
     )
+    trace_export: str = Field(
+        default="none",
+        pattern=r"^(none|stdout|cloud-trace|file:.+)$",
+        description="Where OpenTelemetry spans go (shared/tracing.py): none, stdout, file:<path> or cloud-trace.",
+    )
     monitoring_endpoint: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$",

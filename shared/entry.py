@@ -43,6 +43,7 @@ from shared.logging import deployment_logger
 from shared.messages import SCHEDULED_JOB_ATTRIBUTE, decode_message, scheduled_command_id
 from shared.messages.routing import Trigger
 from shared.ports import Clock, StateStore
+from shared.tracing import delivery_span
 
 __all__ = [
     "EntryResult",
@@ -193,8 +194,10 @@ def handle_payload(
         if duplicate is not None:
             return duplicate
 
+    labels = {"deployment_id": str(getattr(message, "deployment_id", "") or ""), "command_id": message.command_id}
     try:
-        detail = handler(message)
+        with delivery_span(f"handle {kind}", payload.attributes, **labels):  # child of the sender's span
+            detail = handler(message)
     except PermanentError as exc:
         ids.warning("permanent failure of %s: %s", kind, exc)
         if not is_tick:

@@ -12,6 +12,7 @@ from typing import Any
 
 from shared.entry import EntryResult, handle_payload, payload_from_cloud_event, payload_from_push_body
 from shared.messages.routing import accepted_on
+from shared.tracing import configure_tracing, flush_traces
 from shared.wiring import Runtime, runtime
 
 __all__ = ["FunctionEntry"]
@@ -39,6 +40,13 @@ class FunctionEntry:
 
     def deliver(self, payload: Any) -> EntryResult:
         rt = runtime()
+        configure_tracing(rt.settings.trace_export, f"tpuctl-{self.name}", project=rt.settings.project)
+        try:
+            return self._handle(rt, payload)
+        finally:
+            flush_traces()  # an instance may be frozen until its next delivery
+
+    def _handle(self, rt: Runtime, payload: Any) -> EntryResult:
         return handle_payload(
             payload,
             self.handler(rt),

@@ -113,6 +113,14 @@ class Capacity:
             "Cloud Quotas API, in use counted from the TPU API's nodes (preempted nodes still hold quota).",
         )
 
+    def ladder_scope(
+        self, accelerator: str, alternatives: Sequence[str] | None, tiers: Sequence[str] | None = None
+    ) -> SearchScopeView:
+        """``search_scope`` over the accelerator and its alternatives: every zone where one of them fits quota."""
+        if not alternatives:
+            return self.search_scope(accelerator=accelerator, tiers=tiers)
+        return _ladder_scope(self, [accelerator, *alternatives], tiers)
+
     def search_scope(self, *, accelerator: str, tiers: Sequence[str] | None = None) -> SearchScopeView:
         """The zones a search uses when none are given (plan and create alike): the catalog zones offering the
         slice where it fits the live quota (zone and region limits, chips in use) in one of ``tiers``, cheapest
@@ -192,6 +200,25 @@ class Capacity:
         live.usage_read, live.usage_source = True, "controller_records"
         live.problem = f"in use counts only tpuctl's own slices from the controller's records: {problem}"
         return usage_from_records(self.ports.store.list_deployments())
+
+
+def _ladder_scope(capacity: Capacity, slices: Sequence[str], tiers: Sequence[str] | None) -> SearchScopeView:
+    """The scope of a spec with alternative slices (#21 item 5): every zone where one of its slices fits the live
+    quota, the first slice's zones first; raises (naming ``zones``) only when none fits for any slice."""
+    views: list[SearchScopeView] = []
+    refusal: GatewayError | None = None
+    for accelerator in slices:
+        try:
+            views.append(capacity.search_scope(accelerator=accelerator, tiers=tiers))
+        except GatewayError as exc:
+            refusal = refusal or exc
+    if not views:
+        assert refusal is not None  # slices is never empty
+        raise refusal
+    zones = list(dict.fromkeys(zone for view in views for zone in view.zones))
+    excluded = [item for item in views[0].excluded if item.zone not in zones]
+    summary = "; ".join(f"{slice_}: {view.summary}" for slice_, view in zip(slices, views, strict=False))
+    return views[0].model_copy(update={"zones": zones, "excluded": excluded, "summary": summary})
 
 
 def given_scope(zones: Sequence[str]) -> SearchScopeView:

@@ -302,7 +302,8 @@ def hourly_usd(record: DeploymentRecord, prices: Pricing | None = None) -> float
         return None
     family = accelerator_family(record.spec.accelerator)
     price = prices.per_chip_hour(zone, tier, family) if prices else price_per_chip_hour(zone, tier, family)
-    return round(price * slice_chips(record.spec.accelerator), 4) if price is not None else None
+    granted = record.status.accelerator or record.spec.accelerator  # a step-down's slice when one was granted
+    return round(price * slice_chips(granted), 4) if price is not None else None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from mcp_client_gateway.capabilities.checks import (
     slice_arguments,
 )
 from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPorts, Records, hourly_usd, pricing
-from mcp_client_gateway.capabilities.plans import Plans, fit_fixes
+from mcp_client_gateway.capabilities.plans import Plans, checked_alternatives, fit_fixes
 from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
 from mcp_client_gateway.errors import Fix, GatewayError, ToolRef
@@ -93,10 +93,12 @@ class Deployments:
         reservation_name: str | None = None,
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
+        alternative_accelerators: Sequence[str] | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``."""
         deployment_id = bounds.deployment_id(deployment_id)
         model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
+        alternatives = checked_alternatives(accelerator, alternative_accelerators)
         hedge = optional(bounds.integer, "hedge", hedge, bounds.HEDGE)
         ttl_hours = optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
         budget_usd = optional(bounds.number, "budget_usd", budget_usd, bounds.BUDGET_USD, low_open=True)
@@ -119,6 +121,7 @@ class Deployments:
                 "idle_minutes": idle_minutes,
                 "reservation_name": reservation_name,
                 "valid_until_minutes": valid_until_minutes,
+                "alternative_accelerators": list(alternatives) or None,
             },
             {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype, "dtype": dtype},
             self.ports.settings.boot_budget_s,
@@ -131,6 +134,7 @@ class Deployments:
             {"kind": "deployment.create", "deployment_id": deployment_id, "spec": spec}, command_id
         )
         self._check_can_create(deployment_id, model, accelerator, message.spec)
+        self.plans.check_alternatives(message.spec)  # each alternative fits at the chosen context, else refused
         self._check_hf_token_for(model)
         return self.publisher.publish(
             message, "Poll tpu_get_operation with this command_id; capacity search can take minutes."

@@ -28,6 +28,7 @@ from mcp_client_gateway.capabilities.common import (
 )
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.models import ArtifactsView, CapacityView, CostView, PlanView
+from mcp_client_gateway.slice_views import AlternativeSliceView
 from shared.domain.errors import InvalidMessage, PermanentError
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, DeploymentSpec
 from shared.domain.prices import PRICE_TABLE_DATE
@@ -69,10 +70,11 @@ class Plans:
         gpu_memory_utilization: float | None = None,
         ttl_hours: float | None = None,
         tokens_per_second: float | None = None,
+        alternative_accelerators: Sequence[str] | None = None,
     ) -> PlanView:
         """Capacity verdict and HBM table, the vLLM launch, prices per region and tier, and the search scope:
         the zones given, else where the slice fits the live quota (``Capacity.search_scope``; read-only)."""
-        scope = None if zones is not None else self.capacity.search_scope(accelerator=accelerator, tiers=tiers)
+        scope = None if zones is not None else self.capacity.ladder_scope(accelerator, alternative_accelerators, tiers)
         model, accelerator, zones, tiers = slice_arguments(
             model, accelerator, zones if scope is None else scope.zones, tiers
         )
@@ -91,10 +93,12 @@ class Plans:
             low_open=True,
             fix="pass the measured output throughput in tokens per second (above 0)",
         )
+        alternatives = checked_alternatives(accelerator, alternative_accelerators)
         spec = self.spec(
             "plan-preview",
             model=model,
             accelerator=accelerator,
+            alternative_accelerators=alternatives,
             zones=zones,
             tiers=tiers or None,
             ttl_hours=ttl_hours,
@@ -118,6 +122,7 @@ class Plans:
             fits=plan.fits,
             reasons=list(capacity.reasons),
             smallest_fitting_slice=plan.smallest_fitting_slice,
+            alternatives=self.check_alternatives(spec),
             capacity=_capacity_view(capacity),
             hbm_table=capacity.table(),
             image=plan.launch.image,
@@ -180,6 +185,28 @@ class Plans:
         message = self.publisher.validated({"kind": "deployment.create", "deployment_id": deployment_id, "spec": body})
         spec: DeploymentSpec = message.spec
         return spec
+
+    def check_alternatives(self, spec: DeploymentSpec) -> list[AlternativeSliceView]:
+        """Each alternative slice must fit the preset at the spec's context by the serving plan's own rule
+        (``shared.domain.slice_ladder.check_alternatives``); raises naming ``alternative_accelerators[i]``."""
+        from shared.domain.slice_ladder import check_alternatives, spec_for_slice
+
+        try:
+            check_alternatives(spec, self.environment())
+        except InvalidMessage as exc:
+            raise GatewayError("invalid_argument", exc.field, exc.problem, exc.fix) from None
+        views: list[AlternativeSliceView] = []
+        for accelerator in spec.alternative_accelerators:
+            plan = self.serving_plan(spec_for_slice(spec, accelerator))
+            views.append(
+                AlternativeSliceView(
+                    accelerator=accelerator,
+                    chips=plan.slice.chips,
+                    tensor_parallel_size=plan.engine.tensor_parallel,
+                    max_model_len=plan.engine.max_model_len,
+                )
+            )
+        return views
 
     def serving_plan(self, spec: DeploymentSpec) -> ServingPlan:
         """The plan the controller would deploy: same environment (``serving_environment``), same bytes."""
@@ -244,6 +271,26 @@ def _capacity_view(capacity: CapacityReport) -> CapacityView:
         kv_tokens=capacity.kv_tokens,
         max_sequences_at_context=capacity.max_sequences_at_context,
     )
+
+
+def checked_alternatives(accelerator: str, values: Sequence[str] | None) -> tuple[str, ...]:
+    """``alternative_accelerators`` as given: known slice types, each once, not the accelerator itself (their fit
+    is checked against the spec by ``Plans.check_alternatives``)."""
+    if values is None:
+        return ()
+    if isinstance(values, str) or len(values) > 4:
+        raise GatewayError(
+            "invalid_argument", "alternative_accelerators", "must be a list of at most 4 slice types", "e.g. [v6e-4]"
+        )
+    checked: list[str] = []
+    for index, value in enumerate(values):
+        field = f"alternative_accelerators[{index}]"
+        checked.append(bounds.choice(field, value, ACCELERATOR_TYPES))
+        if value == accelerator or value in checked[:-1]:
+            raise GatewayError(
+                "invalid_argument", field, f"{value} is already in the list or is the accelerator", f"drop {value}"
+            )
+    return tuple(checked)
 
 
 def _tool_field(field: str | None) -> str | None:

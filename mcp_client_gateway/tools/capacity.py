@@ -14,6 +14,7 @@ from mcp_client_gateway.models import ArtifactsView, PlanView, ZonesView
 from mcp_client_gateway.tools.common import (
     ID_PATTERN,
     AcceleratorChoice,
+    AlternativeAcceleratorsArg,
     ModelChoice,
     TierChoice,
     ToolSet,
@@ -114,6 +115,7 @@ def _register_plan(tools: ToolSet) -> None:
                 le=bounds.TOKENS_PER_SECOND[1],
             ),
         ] = None,
+        alternative_accelerators: AlternativeAcceleratorsArg = None,
     ) -> Annotated[CallToolResult, PlanView]:
         """Decide before spending: does the model fit the slice (per-chip HBM table: weights, KV cache, free
         space, KV tokens, full-context sequences) and if not the smallest slice that does; the exact vLLM
@@ -132,6 +134,7 @@ def _register_plan(tools: ToolSet) -> None:
                 gpu_memory_utilization=gpu_memory_utilization,
                 ttl_hours=ttl_hours,
                 tokens_per_second=tokens_per_second,
+                alternative_accelerators=alternative_accelerators,
             )
         )
         cheapest = f"; from ${plan.costs[0].usd_per_hour:.2f}/h ({plan.costs[0].tier})" if plan.costs else ""

@@ -34,6 +34,7 @@ __all__ = [
     "TOOLSETS",
     "UUID_PATTERN",
     "AcceleratorChoice",
+    "AlternativeAcceleratorsArg",
     "CommandIdArg",
     "ConfirmArg",
     "ConfirmForm",
@@ -61,6 +62,15 @@ log = logging.getLogger("mcp_client_gateway.server")  # the server's log lines k
 T = TypeVar("T")
 
 AcceleratorChoice = AcceleratorType  # the domain's allow-lists, so the schema and the messages agree
+AlternativeAcceleratorsArg = Annotated[
+    list[AcceleratorType] | None,
+    Field(
+        description="Other slices the search may step down or across to, in order, when the accelerator is "
+        "scarce, e.g. ['v6e-4'] after v6e-8. Each must fit the model at the chosen context (refused otherwise). "
+        "The serving config follows the slice granted; tpu_get_deployment shows which and why.",
+        max_length=4,
+    ),
+]
 ModelChoice = ModelPreset
 TierChoice = Literal["flex_start", "spot", "on_demand", "reservation"]  # Tier's values (a test keeps them equal)
 PhaseChoice = Literal[

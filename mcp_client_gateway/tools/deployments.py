@@ -19,6 +19,7 @@ from mcp_client_gateway.models import CommandAccepted, UpdateAccepted
 from mcp_client_gateway.strict_tools import GatewayToolError
 from mcp_client_gateway.tools.common import (
     AcceleratorChoice,
+    AlternativeAcceleratorsArg,
     CommandIdArg,
     ConfirmArg,
     ConfirmationRefused,
@@ -140,6 +141,7 @@ def register_create(tools: ToolSet) -> None:
             kv_cache_dtype: KvCacheDtypeArg = None,
             dtype: WeightDtypeArg = None,
             command_id: CommandIdArg = None,
+            alternative_accelerators: AlternativeAcceleratorsArg = None,
         ) -> Annotated[CallToolResult, CommandAccepted]:
             """Ask the controller to bring a model up on a TPU slice. Publishes deployment.create and returns
             command_id at once (about 100 ms); the capacity search, VM boot and model load take minutes to
@@ -160,6 +162,7 @@ def register_create(tools: ToolSet) -> None:
                     kv_cache_dtype=kv_cache_dtype,
                     dtype=dtype,
                     command_id=command_id,
+                    alternative_accelerators=alternative_accelerators,
                 )
             )
             return tool_result(accepted, accepted_summary(accepted))

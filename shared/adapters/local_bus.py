@@ -46,6 +46,7 @@ from shared.adapters.clock import SystemClock
 from shared.domain.errors import PermanentError, TransientError
 from shared.logging import redact
 from shared.ports import Clock, Delivery, Handler, MissingSubscription
+from shared.tracing import with_trace_context
 
 __all__ = ["DEAD_LETTER_ERROR", "DEAD_LETTER_REASON", "LocalBus"]
 
@@ -267,6 +268,7 @@ class LocalBus:
     ) -> str:
         """Store the message and fan it out to the topic's subscriptions in one committed transaction."""
         check_resource_name("topic", topic)
+        attributes = with_trace_context(attributes)
         check_message(data, attributes, ordering_key)
         with self._write() as db:
             seq = self._insert_message(db, topic, bytes(data), dict(attributes), ordering_key or "", self._now())

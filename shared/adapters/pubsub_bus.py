@@ -42,6 +42,7 @@ from shared.adapters._pubsub_rules import (
 )
 from shared.domain.errors import PermanentError, TransientError
 from shared.ports import Delivery, Handler, MissingSubscription
+from shared.tracing import with_trace_context
 
 __all__ = ["PubSubBus", "error_family"]
 
@@ -253,6 +254,7 @@ class PubSubBus:
     ) -> str:
         """Publish and wait for the message id (the message is stored once the id is back)."""
         path = self.topic_path(topic)
+        attributes = with_trace_context(attributes)
         check_message(data, attributes, ordering_key)
         key = ordering_key or ""
         publisher = self._publisher_client()

@@ -11,6 +11,9 @@ dated table otherwise (:func:`table_price`, the default). Per level:
   requests that met every SLO per second, so a level where few requests meet the SLO costs more per useful token;
   a level where none does has no finite price and shows None.
 
+A rate sweep also gets ``max_rate_at_slo``: its levels judged as the open-loop search's ladder
+(``shared.domain.bench_rate_search.sweep_rate_search``) and the price per million output tokens at that rate.
+
 ``cheapest`` and ``cheapest_at_slo`` name the level with the lowest price per million output tokens. The result is
 written by the controller (``result["economics"]``), never taken from the node.
 """
@@ -21,6 +24,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shared.domain.bench_rate_search import sweep_rate_search
 from shared.domain.cost import cost_per_million_tokens
 from shared.domain.models import Tier
 from shared.domain.prices import PRICE_TABLE_DATE, price_row
@@ -100,7 +104,7 @@ def benchmark_economics(
                 "usd_per_million_output_tokens_at_slo": _per_million(per_hour, goodput),
             }
         )
-    return {
+    economics: dict[str, Any] = {
         "chips": int(chips) if chips is not None else None,
         "tier": plan.get("tier"),
         "zone": plan.get("zone"),
@@ -112,6 +116,12 @@ def benchmark_economics(
         "cheapest": _cheapest(rows, "usd_per_million_output_tokens"),
         "cheapest_at_slo": _cheapest(rows, "usd_per_million_output_tokens_at_slo"),
     }
+    search = sweep_rate_search(request, points)
+    if search is not None:
+        best = next((row for row in rows if _number(row.get("level")) == search["max_rate_at_slo"]), {})
+        search["usd_per_million_output_tokens_at_max_rate"] = best.get("usd_per_million_output_tokens_at_slo")
+        economics["max_rate_at_slo"] = search
+    return economics
 
 
 def _cheapest(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
@@ -128,13 +138,25 @@ def _money(value: Any) -> str:
     return "-" if number is None else f"${number:,.4f}" if number < 1 else f"${number:,.2f}"
 
 
+def _max_rate_line(economics: Mapping[str, Any]) -> list[str]:
+    search = economics.get("max_rate_at_slo")
+    if not isinstance(search, Mapping):
+        return []
+    price = search.get("usd_per_million_output_tokens_at_max_rate")
+    return [
+        f"Max rate at the SLO (open loop): {search.get('max_rate_at_slo')} req/s, lowest failing "
+        f"{search.get('lowest_failing_rate')} ({search.get('stop_reason')})"
+        + (f", {_money(price)} per million output tokens there" if price is not None else "")
+    ]
+
+
 def economics_lines(economics: Any) -> list[str]:
     """The economics of a stored result in a few lines for people (empty when the result has none)."""
     if not isinstance(economics, Mapping):
         return []
     per_chip_hour = _number(economics.get("usd_per_chip_hour"))
     if per_chip_hour is None:
-        return [f"Cost: {economics.get('price_source') or 'unpriced'}"]
+        return [f"Cost: {economics.get('price_source') or 'unpriced'}", *_max_rate_line(economics)]
     lines = [
         f"Cost: {economics.get('tier')} in {economics.get('zone')} at {_money(per_chip_hour)} per chip-hour x "
         f"{economics.get('chips')} chips = {_money(economics.get('usd_per_hour'))}/h ({economics.get('price_source')})"
@@ -157,4 +179,4 @@ def economics_lines(economics: Any) -> list[str]:
         )
     else:
         lines.append("At the SLO: no level had a request that met it")
-    return lines
+    return lines + _max_rate_line(economics)

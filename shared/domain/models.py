@@ -239,6 +239,12 @@ class DeploymentSpec(BaseModel):
     deployment_id: DeploymentId
     model: ModelPreset = Field(description="Model preset name from the catalog.")
     accelerator: AcceleratorType = Field(description="TPU slice type, e.g. v6e-4.")
+    alternative_accelerators: tuple[AcceleratorType, ...] = Field(
+        default=(),
+        max_length=4,
+        description="Other slices the search may widen to, in order, when the first is scarce (each must fit "
+        "the model at the chosen context; shared.domain.slice_ladder).",
+    )
     zones: tuple[Zone, ...] = Field(min_length=1, max_length=32, description="Zones the search may use.")
     tiers: tuple[Tier, ...] = Field(
         default=(Tier.FLEX_START, Tier.SPOT, Tier.ON_DEMAND),
@@ -264,6 +270,9 @@ class DeploymentSpec(BaseModel):
             raise ValueError("zones: each zone may appear once")
         if len(set(self.tiers)) != len(self.tiers):
             raise ValueError("tiers: each tier may appear once")
+        ladder = (self.accelerator, *self.alternative_accelerators)
+        if len(set(ladder)) != len(ladder):
+            raise ValueError("alternative_accelerators: each slice may appear once, and not the accelerator itself")
         if Tier.RESERVATION in self.tiers and not self.reservation_name:
             raise ValueError("reservation_name: required when tiers include 'reservation'")
         return self
@@ -297,6 +306,7 @@ class ResourceRef(BaseModel):
     wait_until: UtcDateTime | None = None  # capacity-check deadline while WAITING (None: its own valid-until)
     advice: float | None = None  # capacity advice's obtainability when it was asked for (None: no advice)
     probe: ProbeVerdict | None = None  # what a spot probe found holds this waiting request (shared.domain.spot_probe)
+    accelerator: str | None = None  # the slice asked for (None: the spec's accelerator; shared.domain.slice_ladder)
 
 
 class SpotProbe(BaseModel):
@@ -359,6 +369,8 @@ class DeploymentStatus(BaseModel):
     zone: str | None = None
     tier: Tier | None = None
     backend: Backend | None = None
+    accelerator: str | None = None  # the slice granted (the spec's or an alternative: shared.domain.slice_ladder)
+    search_since: UtcDateTime | None = None  # when this generation's search began (the slice ladder's clock)
     endpoint: str | None = None
     message: str = ""
     resources: list[ResourceRef] = Field(default_factory=list)

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from shared.domain.attempts import Step
-from shared.domain.backends import blocking_entry_for, learn_for_backend, rank_backends
+from shared.domain.backends import BackendCandidate, blocking_entry_for, learn_for_backend, rank_backends
 from shared.domain.boot_progress import BOOT_FAILED
 from shared.domain.capacity_advice import AdviceScores, advice_weight, order_by_advice
 from shared.domain.cloud import LABEL_GENERATION, ObservedResource, accelerator_family
@@ -69,6 +69,7 @@ from shared.domain.planner_actions import (
 )
 from shared.domain.planner_pass import PlanningPass
 from shared.domain.prices import price_per_chip_hour
+from shared.domain.slice_ladder import allowed_slices, chips_of, ref_slice
 from shared.domain.zone_catalog import offering_zones
 from shared.domain.zone_memory import (
     CloudFailure,
@@ -157,13 +158,16 @@ def plan(
     price: PriceFn = price_per_chip_hour,
     policy: PlannerPolicy | None = None,
     advice: AdviceScores | None = None,
+    startup_scripts: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """Decide the next safe steps for one deployment.
 
     ``observed`` are the provider's resources carrying this deployment's label (others are ignored);
     ``outcomes`` the results of creates by resource name; ``create_tokens`` how many creates the
     project's token bucket allows now; ``advice`` the capacity advice per (zone, tier), which only orders the
-    candidates (shared.domain.capacity_advice). Returns memory updates, one ``WriteStatus``, then API calls.
+    candidates (shared.domain.capacity_advice); ``startup_scripts`` one script per slice of the spec's ladder
+    (shared.domain.slice_ladder; ``startup_script`` serves any slice missing from it). Returns memory updates,
+    one ``WriteStatus``, then API calls.
     """
     planning = _Planning(
         record=record,
@@ -174,6 +178,7 @@ def plan(
         create_tokens=create_tokens,
         reissue=reissue,
         startup_script=startup_script,
+        startup_scripts=startup_scripts or {},
         price=price,
         policy=policy or PlannerPolicy(),
         advice=advice or {},
@@ -227,6 +232,7 @@ class _Planning(PlanningPass):
                 endpoint=seen.endpoint,
                 created_at=seen.created_at or self.now,
                 state_since=self.now,
+                accelerator=seen.accelerator if seen.accelerator in self.spec.alternative_accelerators else None,
             )
             self.refs[ref.name] = ref
             self.status.next_attempt = max(self.status.next_attempt, attempt + 1)
@@ -332,8 +338,9 @@ class _Planning(PlanningPass):
         total = 0.0
         for ref in self.refs.values():
             if ref.state is QueuedResourceState.ACTIVE and ref.node_state not in _DEAD_NODES:
-                usd, _ = estimated_price(ref.zone, ref.tier, self.spec.accelerator, self.price)
-                total += usd * self.spec.chips
+                accelerator = ref_slice(self.spec, ref)
+                usd, _ = estimated_price(ref.zone, ref.tier, accelerator, self.price)
+                total += usd * chips_of(accelerator)
         return total
 
     def boot_failed(self) -> bool:
@@ -444,7 +451,8 @@ class _Planning(PlanningPass):
 
     def settle_on(self, winner: ResourceRef, current: list[ResourceRef], older: list[ResourceRef]) -> None:
         """A slice is ACTIVE: keep it, force-delete every other request of this generation."""
-        self.forget(forget_on_success(self.memory, winner.zone, winner.tier, self.spec.accelerator))
+        granted = ref_slice(self.spec, winner)
+        self.forget(forget_on_success(self.memory, winner.zone, winner.tier, granted))
         for ref in current:
             if ref is not winner:
                 self.request_delete(ref, f"capacity found in {winner.zone} ({winner.tier.value})")
@@ -464,15 +472,20 @@ class _Planning(PlanningPass):
         self.status.zone = winner.zone
         self.status.tier = winner.tier
         self.status.backend = winner.backend
+        self.status.accelerator = granted
+        self.status.search_since = None
         self.status.endpoint = winner.endpoint
         waiting_old = [r for r in older if r.delete_requested_at is None]
         handover = f"; generation {waiting_old[0].generation} serves until this one does" if waiting_old else ""
         via = f" via {winner.backend.value}" if len(self.backends) > 1 or winner.backend is not Backend.TPU_API else ""
-        self.status.message = f"ACTIVE in {winner.zone} ({winner.tier.value}){via} as {winner.name}{handover}"
+        size = f" on {granted}" if granted != self.spec.accelerator else ""
+        self.status.message = f"ACTIVE in {winner.zone} ({winner.tier.value}){via}{size} as {winner.name}{handover}"
 
     def search(self, current: list[ResourceRef], serving_old: list[ResourceRef]) -> None:
         """No slice of this generation is ACTIVE: keep up to ``hedge`` requests outstanding."""
         outstanding, parked, waiting_notes = self.sort_pending(current)
+        if self.status.search_since is None:
+            self.status.search_since = self.now  # the slice ladder's clock (shared.domain.slice_ladder)
         paused_until = rate_limited_until(self.memory, self.now)
         created = 0
         if paused_until is None:
@@ -520,8 +533,8 @@ class _Planning(PlanningPass):
         return outstanding, parked, waiting_notes
 
     def ask_for_more(self, outstanding: list[ResourceRef], parked: list[ResourceRef]) -> int:
-        """Create requests in the best free pairs until the hedge is full; returns how many were created."""
-        accelerator = self.spec.accelerator
+        """Create requests in the best free pairs until the hedge is full; returns how many were created.
+        Each slice the ladder allows now (shared.domain.slice_ladder) is a candidate, the spec's own first."""
         created = 0
         parked_names = {r.name for r in parked}
         busy_zones = {
@@ -532,36 +545,55 @@ class _Planning(PlanningPass):
             and r.state in _PENDING_STATES
             and r.name not in parked_names
         }
-        parked_pairs = {(r.zone, r.tier) for r in parked}
+        parked_pairs = {(r.zone, r.tier, ref_slice(self.spec, r)) for r in parked}
         need = self.spec.hedge - len(outstanding)
-        ranked = rank_backends(
-            self.spec.zones,
-            self.spec.tiers,
-            self.backends,
-            accelerator,
-            self.memory,
-            self.now,
-            price=self.price,
-            policy=self.policy.memory,
-        )
-        # Sweep every pair before asking again where the search already came up empty (stable sort:
-        # within a sweep the back-end ranking's order stands, reordered by advice as far as it is trusted).
-        ranked.sort(key=lambda item: item.candidate.remembered_failures)
-        ranked = order_by_advice(ranked, self.advice, advice_weight(self.memory, self.policy.advice))
-        for candidate in ranked:
+        ranked = self.ranked_candidates()
+        advised = ranked[0][0] if ranked else self.spec.accelerator  # the slice the advice was asked for
+        for accelerator, candidate in ranked:
             if need <= 0 or self.tokens <= 0 or created >= self.policy.max_creates_per_plan:
                 break
             if self.status.next_attempt >= self.policy.max_attempts:
                 break
-            if candidate.zone in busy_zones or (candidate.zone, candidate.tier) in parked_pairs:
+            if candidate.zone in busy_zones or (candidate.zone, candidate.tier, accelerator) in parked_pairs:
                 continue
-            self.create(
-                candidate.zone, candidate.tier, candidate.backend, self.advice.get((candidate.zone, candidate.tier))
-            )
+            advice = self.advice.get((candidate.zone, candidate.tier)) if accelerator == advised else None
+            self.create(candidate.zone, candidate.tier, candidate.backend, advice, accelerator)
             busy_zones.add(candidate.zone)
             need -= 1
             created += 1
         return created
+
+    def ranked_candidates(self) -> list[tuple[str, BackendCandidate]]:
+        """(slice, candidate) pairs, best first. The slice the ladder widened to last comes first (its pairs were
+        never asked; the earlier slices' requests stay queued), each slice's pairs swept before asking again where
+        the search came up empty; advice (asked for that newest slice) reorders within its sweep. A pair cooling
+        down after a stockout of a bigger slice is still asked for a smaller one, after the rest."""
+        ranked: list[tuple[str, BackendCandidate]] = []
+        slices = allowed_slices(self.spec, self.status.search_since, self.now, self.policy.step)
+        for accelerator in reversed(slices):
+            per_slice = self.rank_slice(accelerator, self.memory)
+            per_slice.sort(key=lambda item: item.candidate.remembered_failures)
+            if accelerator == slices[-1]:
+                per_slice = order_by_advice(per_slice, self.advice, advice_weight(self.memory, self.policy.advice))
+            if accelerator != self.spec.accelerator:
+                asked = {(c.zone, c.tier, c.backend) for c in per_slice}
+                cooling = {k: v for k, v in self.memory.items() if not k.startswith("stockout/")}
+                later = self.rank_slice(accelerator, cooling)
+                per_slice += [c for c in later if (c.zone, c.tier, c.backend) not in asked]
+            ranked.extend((accelerator, item) for item in per_slice)
+        return ranked
+
+    def rank_slice(self, accelerator: str, memory: dict[str, ZoneMemoryEntry]) -> list[BackendCandidate]:
+        return rank_backends(
+            self.spec.zones,
+            self.spec.tiers,
+            self.backends,
+            accelerator,
+            memory,
+            self.now,
+            price=self.price,
+            policy=self.policy.memory,
+        )
 
     def checked_out(self, ref: ResourceRef) -> bool:
         """Still queued past its capacity check (and not yet past its own valid-until)."""
@@ -676,8 +708,9 @@ class _Planning(PlanningPass):
             since = max(start, ref.active_at) if start is not None else ref.active_at
             until = min(self.now, ref.delete_requested_at) if ref.delete_requested_at else self.now
             hours = max(0.0, (until - since).total_seconds() / 3600)
-            usd, _ = estimated_price(ref.zone, ref.tier, self.spec.accelerator, self.price)
-            self.status.spend_usd = round(self.status.spend_usd + hours * usd * self.spec.chips, 6)
+            accelerator = ref_slice(self.spec, ref)
+            usd, _ = estimated_price(ref.zone, ref.tier, accelerator, self.price)
+            self.status.spend_usd = round(self.status.spend_usd + hours * usd * chips_of(accelerator), 6)
         self.status.billed_until = self.now
 
 

@@ -20,6 +20,7 @@ from shared.domain.cloud import (
     ProvisionRequest,
 )
 from shared.domain.models import DeploymentSpec, DeploymentStatus, ResourceRef, Tier, ZoneMemoryEntry
+from shared.domain.slice_ladder import StepPolicy
 from shared.domain.zone_memory import CloudFailure, MemoryPolicy
 
 __all__ = [
@@ -106,6 +107,8 @@ class PlannerPolicy:
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     advice: AdvicePolicy = field(default_factory=AdvicePolicy)
     """How far capacity advice may reorder the search (shared.domain.capacity_advice)."""
+    step: StepPolicy = field(default_factory=StepPolicy)
+    """When the search widens to the spec's alternative slices (shared.domain.slice_ladder)."""
     expectation_timeout_s: float = 900.0
     """A create recorded but never confirmed nor observed is dropped after this."""
     list_grace_s: float = 180.0
@@ -166,7 +169,7 @@ def provision_request(
         resource_id=ref.name,
         node_id=ref.name,
         zone=ref.zone,
-        accelerator=spec.accelerator,
+        accelerator=ref.accelerator or spec.accelerator,
         runtime_version=runtime_version,
         tier=ref.tier,
         request_id=request_id(deployment, ref.generation, ref.attempt, "create"),

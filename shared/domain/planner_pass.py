@@ -39,6 +39,7 @@ from shared.domain.planner_actions import (
     request_id,
     resource_name,
 )
+from shared.domain.slice_ladder import ref_slice, spec_for_slice, step_reason
 from shared.domain.zone_memory import CloudFailure, PriceFn, learn, rate_limited_until, remembered_failures
 
 __all__ = ["PlanningPass"]
@@ -58,6 +59,7 @@ class PlanningPass:
         create_tokens: int,
         reissue: bool,
         startup_script: str,
+        startup_scripts: Mapping[str, str],
         price: PriceFn,
         policy: PlannerPolicy,
         advice: AdviceScores,
@@ -71,6 +73,7 @@ class PlanningPass:
         self.tokens = max(0, create_tokens)
         self.reissue = reissue
         self.startup_script = startup_script
+        self.startup_scripts = startup_scripts  # per slice of the ladder (shared.domain.slice_ladder)
         self.price = price
         self.policy = policy
         self.advice = advice
@@ -158,7 +161,7 @@ class PlanningPass:
                 CloudFailure(ErrorClass.STOCKOUT, detail),
                 zone=ref.zone,
                 tier=ref.tier,
-                accelerator=self.spec.accelerator,
+                accelerator=ref_slice(self.spec, ref),
                 memory=self.memory,
                 now=self.now,
                 policy=self.policy.memory,
@@ -174,7 +177,15 @@ class PlanningPass:
         window = check * 60 * 2 ** min(failures, 16)
         return window if window < self.spec.valid_until_minutes * 60 else None
 
-    def create(self, zone: str, tier: Tier, backend: Backend | None = None, advice: float | None = None) -> None:
+    def create(
+        self,
+        zone: str,
+        tier: Tier,
+        backend: Backend | None = None,
+        advice: float | None = None,
+        accelerator: str | None = None,
+    ) -> None:
+        accelerator = accelerator or self.spec.accelerator
         attempt = self.status.next_attempt
         self.status.next_attempt += 1
         name = resource_name(self.record.deployment_id, self.generation, attempt)
@@ -191,10 +202,13 @@ class PlanningPass:
             state_since=self.now,
             wait_until=self.now + timedelta(seconds=window) if window is not None else None,
             advice=advice,
+            accelerator=accelerator if accelerator != self.spec.accelerator else None,
         )
         self.refs[name] = ref
         self.tokens -= 1
-        self.log(ref, Step.REQUESTED, name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}")
+        detail = name if ref.backend is Backend.TPU_API else f"{name} via {ref.backend.value}"
+        why = step_reason(self.spec, accelerator, self.status.search_since, self.now)
+        self.log(ref, Step.REQUESTED, f"{detail} ({why})" if why else detail)
         self.calls.append(CreateQueuedResource(self.build_request(ref)))
 
     def reissue_create(self, ref: ResourceRef) -> None:
@@ -208,12 +222,13 @@ class PlanningPass:
         self.calls.append(CreateQueuedResource(self.build_request(ref), reissue=True))
 
     def build_request(self, ref: ResourceRef) -> ProvisionRequest:
+        accelerator = ref_slice(self.spec, ref)
         return provision_request(
-            self.spec,
+            spec_for_slice(self.spec, accelerator),
             self.record.deployment_id,
             ref,
             runtime_version=self.policy.runtime_version,
-            startup_script=self.startup_script,
+            startup_script=self.startup_scripts.get(accelerator, self.startup_script),
         )
 
     def set_phase(self, phase: Phase) -> None:

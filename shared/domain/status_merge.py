@@ -18,6 +18,8 @@ STATUS_FIELDS_OWNED = (
     "zone",
     "tier",
     "backend",
+    "accelerator",
+    "search_since",
     "endpoint",
     "message",
     "resources",

@@ -47,6 +47,7 @@ from shared.domain.benchmark_headline import sweep_headline
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
+from shared.domain.slice_ladder import served_spec
 from shared.domain.throughput_bound import FLOOR_LOW, TOLERANCE_HIGH, bound_summary, judge_throughput
 from shared.domain.untrusted import clean_benchmark_result, clean_node_system, clean_text
 from shared.logging import scrub_untrusted
@@ -130,7 +131,7 @@ def delete_benchmark_jobs(scheduler: SchedulerApi, deployment_id: str) -> list[s
 
 def plan_summary(record: DeploymentRecord, project: str) -> dict[str, Any]:
     """What a result is stored with: model, slice, tier, zone, image, flags (vLLM version comes with the result)."""
-    spec = record.spec
+    spec = served_spec(record)  # the slice granted (a step-down's), not only the first one asked for
     plan: dict[str, Any] = {
         "model": spec.model,
         "accelerator": spec.accelerator,

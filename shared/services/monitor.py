@@ -95,6 +95,7 @@ from shared.domain.models import (
 )
 from shared.domain.saturation import HEADROOM_SLI, max_running, measure, saturation_finding
 from shared.domain.sli_metrics import points_for
+from shared.domain.slice_ladder import served_spec
 from shared.domain.tpu_telemetry import TpuTelemetry, read_node_telemetry, telemetry_slis
 from shared.logging import scrub_untrusted
 from shared.messages import (
@@ -352,7 +353,7 @@ class Monitor:
         cache_config = result.metrics.cache_config if result.metrics is not None else None
         found = [
             saturation_finding(room, [sample.slis for sample in item.history], record.spec.health),
-            config_finding(record.spec, cache_config, record.status.findings, engine),
+            config_finding(served_spec(record), cache_config, record.status.findings, engine),
         ]
         wanted = _with_findings(record, [text for text in found if text], new_status, wanted) or wanted
         if wanted:

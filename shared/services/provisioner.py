@@ -71,6 +71,7 @@ from shared.domain.planner import (
 )
 from shared.domain.prices import price_per_chip_hour
 from shared.domain.ratelimit import BucketState, TokenBucket
+from shared.domain.slice_ladder import advice_slice, scripts_per_slice
 from shared.domain.spec_change import needs_new_generation
 from shared.domain.spot_probe import ProbePolicy
 from shared.domain.status_merge import merge_status
@@ -495,7 +496,7 @@ class Provisioner:
         mine = [o for o in observed if o.owned_by == deployment_id]
         memory = {entry.key: entry for entry in self._store.list_zone_memory()}
         outcomes = self._poll_operations(record)
-        script = self._startup_script(record.spec)
+        scripts = scripts_per_slice(record.spec, self._startup_script)  # one per allowed slice, its own TP
         advice = self._advice_for(record)
         record = self._probe(record, observed, memory, fence, send=False)
         for round_number in range(self._settings.max_rounds + 1):
@@ -509,7 +510,8 @@ class Provisioner:
                 outcomes=outcomes,
                 create_tokens=0 if last else self._tokens(now),
                 reissue=round_number == 0,
-                startup_script=script,
+                startup_script=scripts[record.spec.accelerator],
+                startup_scripts=scripts,
                 price=self._price,
                 policy=self._settings.planner,
                 advice=advice,
@@ -559,10 +561,11 @@ class Provisioner:
         searching = record.status.phase in (Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING)
         if self._advice is None or record.desired is not Desired.PRESENT or not searching:
             return {}
-        spec = record.spec
+        spec, now = record.spec, self._clock.now()
+        accelerator = advice_slice(spec, record.status.search_since, now, self._settings.planner.step)  # a step-down's
         scores: dict[tuple[str, Tier], float] = {}
         for tier in spec.tiers:
-            for zone, score in self._advice.obtainability(spec.accelerator, tier, spec.zones).items():
+            for zone, score in self._advice.obtainability(accelerator, tier, spec.zones).items():
                 scores[(zone, tier)] = score
         return scores
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -48,9 +50,10 @@ def _clean_env() -> dict[str, str]:
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     """``make up ARGS=--no-vllm``, publishing under ``tmp_path/var`` instead of the checkout's ``var``."""
+    root = str(tmp_path / "var")
     with (tmp_path / "up.out").open("w", encoding="utf-8") as output:
         process = subprocess.Popen(
-            [*UP, "--no-vllm", "--sim-port", "0", "--data-dir", "run", "--publish-root", str(tmp_path / "var")],
+            [*UP, "--no-vllm", "--sim-port", "0", "--ui-port", "0", "--data-dir", "run", "--publish-root", root],
             cwd=tmp_path,
             env=_clean_env(),
             stdout=output,
@@ -97,6 +100,10 @@ async def test_the_shipped_local_entry_serves_the_running_stack_and_names_make_u
     assert not created.is_error, created.content
     assert [d["deployment_id"] for d in listed["deployments"]] == ["via-config"]
     assert (tmp_path / "run" / "state.sqlite").exists() and not (tmp_path / "var" / "state.sqlite").exists()
+    page_url = re.search(r"status page: (http://127\.0\.0\.1:\d+/)", (tmp_path / "up.out").read_text(encoding="utf-8"))
+    assert page_url, "make up serves the status page too"
+    page = httpx.get(f"{page_url.group(1)}deployments/via-config", timeout=30)
+    assert page.status_code == 200 and 'data-phase="' in page.text, "the deployment, read from the stack's store"
 
     up.send_signal(signal.SIGTERM)
     assert up.wait(timeout=60) == 0, (tmp_path / "up.out").read_text(encoding="utf-8")

@@ -5,7 +5,9 @@ server whose cache behaves like vLLM's, in milliseconds. Tokens are whitespace w
 (``/tokenize`` counts words, as the calibration stub does); the cache works as vLLM v1's does: a request's full
 blocks of ``block_size`` tokens are keyed by their whole prefix, a request is served the longest run of cached
 blocks (never its last token), and its own full blocks are cached when it is scheduled. ``/metrics`` exports
-``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (tokens) and ``vllm:cache_config_info``.
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (tokens), ``vllm:cache_config_info``, and
+the requests answered and tokens read and generated (``vllm:request_success_total``, ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``).
 
 State a test can read: every prompt received (``prompts``, in arrival order; chat messages rendered), the
 cache's blocks, the counters. Answers are ``max_tokens`` words ``w0 w1 ...`` streamed as SSE with usage.
@@ -35,6 +37,11 @@ class FakePrefixVllm(httpx.AsyncBaseTransport):
     cached_blocks: set[tuple[str, ...]] = field(default_factory=set)
     queries: int = 0
     hits: int = 0
+    succeeded: int = 0
+    """Requests answered in full: ``vllm:request_success_total``."""
+    generated: int = 0
+    """Tokens streamed: ``vllm:generation_tokens_total``."""
+    prompt_tokens: int = 0
     restarted: bool = False
 
     def tokens(self, text: str) -> list[str]:
@@ -43,7 +50,7 @@ class FakePrefixVllm(httpx.AsyncBaseTransport):
     def restart(self) -> None:
         """A new server process: counters and cache start again."""
         self.cached_blocks.clear()
-        self.queries = self.hits = 0
+        self.queries = self.hits = self.succeeded = self.generated = self.prompt_tokens = 0
 
     def _schedule(self, tokens: list[str]) -> int:
         """vLLM's lookup then allocation: the cached full blocks served (tokens), then this prompt's blocks cached."""
@@ -93,6 +100,12 @@ class FakePrefixVllm(httpx.AsyncBaseTransport):
             f"vllm:num_requests_running{{{labels}}} 0.0\n"
             "# TYPE vllm:cache_config_info gauge\n"
             f"vllm:cache_config_info{{{config}}} 1.0\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(self.succeeded)}\n'
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f"vllm:generation_tokens_total{{{labels}}} {float(self.generated)}\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompt_tokens)}\n"
         )
 
     def _complete(self, prompt: str, max_tokens: int, *, chat: bool) -> httpx.Response:
@@ -105,6 +118,9 @@ class FakePrefixVllm(httpx.AsyncBaseTransport):
             choice: dict[str, Any] = {"index": 0, "delta": {"content": word}} if chat else {"index": 0, "text": word}
             lines.append({"id": "cmpl-fake", "choices": [choice]})
         usage = {"prompt_tokens": len(tokens), "completion_tokens": max_tokens}
+        self.succeeded += 1
+        self.generated += max_tokens
+        self.prompt_tokens += len(tokens)
         lines.append({"id": "cmpl-fake", "choices": [], "usage": usage})
         stream = "".join(f"data: {json.dumps(line)}\n\n" for line in lines) + "data: [DONE]\n\n"
         return httpx.Response(200, content=stream.encode(), headers={"content-type": "text/event-stream"})

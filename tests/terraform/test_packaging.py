@@ -45,6 +45,9 @@ DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "google-cloud-logging": ("google.cloud.logging",),
     "google-cloud-monitoring": ("google.cloud.monitoring_v3",),
     "grpcio": ("grpc",),
+    "opentelemetry-api": ("opentelemetry.trace", "opentelemetry.context", "opentelemetry.propagate"),
+    "opentelemetry-sdk": ("opentelemetry.sdk",),
+    "opentelemetry-exporter-gcp-trace": ("opentelemetry.exporter.cloud_trace",),
     "google-api-core": ("google.api_core", "google.protobuf", "google.longrunning", "google.rpc", "requests"),
     "google-auth": ("google.auth", "google.oauth2"),
     "httpx": ("httpx",),
@@ -56,7 +59,7 @@ DISTRIBUTION_MODULES: dict[str, tuple[str, ...]] = {
     "rich": ("rich",),
     "sniffio": ("sniffio",),
 }
-_NAMESPACES = {"google", "google.cloud"}
+_NAMESPACES = {"google", "google.cloud", "opentelemetry"}
 
 
 def _package(out: Path, *names: str, root: Path = REPO_ROOT) -> list[dict[str, object]]:

@@ -415,9 +415,17 @@ def test_each_component_holds_exactly_the_roles_issue_9_lists(
     env: ModuleDir, function_calls: dict[str, dict[str, Any]]
 ) -> None:
     expected_project_roles = {
-        "provision": {"roles/datastore.user"},  # and tpuctlProvisionTpu, bound next to its definition
-        "monitor": {"roles/tpu.viewer", "roles/datastore.user", "roles/monitoring.metricWriter"},
-        "benchmark": {"roles/datastore.user"},
+        "provision": {
+            "roles/datastore.user",
+            "roles/cloudtrace.agent",
+        },  # and tpuctlProvisionTpu, bound by its definition
+        "monitor": {
+            "roles/tpu.viewer",
+            "roles/datastore.user",
+            "roles/monitoring.metricWriter",
+            "roles/cloudtrace.agent",
+        },
+        "benchmark": {"roles/datastore.user", "roles/cloudtrace.agent"},
     }
     # The monitor also nudges the provisioner on ticks and reports phase changes on events (monitor.py).
     expected_publish = {

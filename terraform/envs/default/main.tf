@@ -44,6 +44,7 @@ locals {
     TPUCTL_EVENT_KEY_SECRET    = var.secret_ids.event_key
     TPUCTL_LOG_LEVEL           = var.log_level
     TPUCTL_SPOT_PROBE          = tostring(var.spot_probe)
+    TPUCTL_TRACE_EXPORT        = var.trace_export # a command's trace across the functions (shared/tracing.py)
     # Every TPU VM runs as the narrow node identity, on this VPC, with the tag the vLLM firewall rule targets,
     # and without an external IP (Cloud NAT pulls images and weights).
     TPUCTL_NODE_SERVICE_ACCOUNT = module.identities.tpu_vm_email
@@ -390,7 +391,7 @@ module "provision" {
 
   # Cloud TPU has no resource-level IAM, so its TPU rights are project-level: the tpuctlProvisionTpu
   # custom role below (the calls shared/adapters/gcp_tpu.py makes), not roles/tpu.admin.
-  project_roles  = ["roles/datastore.user"]
+  project_roles  = ["roles/datastore.user", "roles/cloudtrace.agent"]
   publish_topics = { events = local.topic_ids.events }
 
   triggers = {
@@ -438,7 +439,7 @@ module "monitor" {
 
   # Publishes healing commands (serving.restart, deployment.stop/delete), reconcile nudges on ticks
   # and deployment.phase_changed events (shared/services/monitor.py).
-  project_roles = ["roles/tpu.viewer", "roles/datastore.user", "roles/monitoring.metricWriter"]
+  project_roles = ["roles/tpu.viewer", "roles/datastore.user", "roles/monitoring.metricWriter", "roles/cloudtrace.agent"]
   publish_topics = {
     commands = local.topic_ids.commands
     ticks    = local.topic_ids.ticks
@@ -480,7 +481,7 @@ module "benchmark" {
     max_instance_count = try(var.function_limits.benchmark.max_instance_count, 2)
   }
 
-  project_roles  = ["roles/datastore.user"]
+  project_roles  = ["roles/datastore.user", "roles/cloudtrace.agent"]
   publish_topics = { node_tasks = local.topic_ids.node_tasks }
 
   triggers = {

@@ -112,6 +112,17 @@ variable "spot_probe" {
   default     = false
 }
 
+variable "trace_export" {
+  description = "TPUCTL_TRACE_EXPORT of the functions: where their OpenTelemetry spans go (cloud-trace or none)."
+  type        = string
+  default     = "cloud-trace"
+
+  validation {
+    condition     = contains(["cloud-trace", "none"], var.trace_export)
+    error_message = "trace_export: cloud-trace (Cloud Trace) or none."
+  }
+}
+
 variable "log_level" {
   description = "TPUCTL_LOG_LEVEL of the functions."
   type        = string

@@ -1,0 +1,124 @@
+"""Alternative slices (issue 21, item 5) through the MCP tools and the CLI: validated by fit, published, shown."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from mcp_client_gateway.cli import run
+from shared.domain.models import QueuedResourceState, ResourceRef, Tier
+from shared.messages import CreateDeployment
+from tests.mcp.conftest import GatewayWorld
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
+    async with Client(world.server()) as session:
+        return await session.call_tool(tool, arguments)
+
+
+def text(result: Any) -> str:
+    return " ".join(block.text for block in result.content if hasattr(block, "text"))
+
+
+class TestPlanAndCreate:
+    async def test_the_plan_lists_each_alternative_with_its_own_tensor_parallel_size(self, world: GatewayWorld) -> None:
+        result = await call(
+            world,
+            "tpu_plan_deployment",
+            {
+                "model": "gemma-4-26b-a4b",
+                "accelerator": "v6e-8",
+                "alternative_accelerators": ["v6e-4"],
+                "zones": ["us-east5-b"],
+            },
+        )
+        assert not result.is_error, text(result)
+        (alternative,) = result.structured_content["alternatives"]
+        assert alternative["accelerator"] == "v6e-4"
+        assert alternative["chips"] == 4 and alternative["tensor_parallel_size"] == 4
+        assert result.structured_content["capacity"]["tensor_parallel"] == 8
+
+    async def test_an_alternative_that_does_not_fit_is_refused_naming_the_field_and_the_fix(
+        self, world: GatewayWorld
+    ) -> None:
+        result = await call(
+            world,
+            "tpu_create_deployment",
+            {
+                "deployment_id": "big",
+                "model": "gemma-4-31b",
+                "accelerator": "v6e-8",
+                "alternative_accelerators": ["v6e-1"],
+                "zones": ["us-east5-b"],
+            },
+        )
+        assert result.is_error
+        assert "[invalid_argument] alternative_accelerators[0]" in text(result)
+        assert "does not fit v6e-1" in text(result) and "drop v6e-1" in text(result)
+        assert world.published() == []
+
+    async def test_the_accelerator_itself_as_an_alternative_is_refused(self, world: GatewayWorld) -> None:
+        result = await call(
+            world,
+            "tpu_plan_deployment",
+            {"model": "gemma-4-26b-a4b", "accelerator": "v6e-4", "alternative_accelerators": ["v6e-4"]},
+        )
+        assert result.is_error and "alternative_accelerators[0]" in text(result)
+
+    async def test_a_create_with_a_fitting_alternative_is_published_with_it(self, world: GatewayWorld) -> None:
+        result = await call(
+            world,
+            "tpu_create_deployment",
+            {
+                "deployment_id": "step",
+                "model": "gemma-4-26b-a4b",
+                "accelerator": "v6e-8",
+                "alternative_accelerators": ["v6e-4"],
+                "zones": ["us-east5-b"],
+            },
+        )
+        assert not result.is_error, text(result)
+        (message,) = world.published()
+        assert isinstance(message, CreateDeployment)
+        assert message.spec.alternative_accelerators == ("v6e-4",)
+
+
+class TestDeploymentShowsTheGrantedSlice:
+    async def test_the_detail_names_the_slice_granted_and_each_request_s_slice(self, world: GatewayWorld) -> None:
+        record = world.seed("step", accelerator="v6e-8")
+        ref = record.status.resources[0].model_copy(update={"accelerator": "v6e-4"})
+        spec = record.spec.model_copy(update={"alternative_accelerators": ("v6e-4",)})
+        status = record.status.model_copy(update={"accelerator": "v6e-4", "resources": [ref]})
+        world.store.put_deployment(
+            record.model_copy(update={"spec": spec, "status": status}), expected_version=record.version
+        )
+        result = await call(world, "tpu_get_deployment", {"deployment_id": "step"})
+        assert not result.is_error, text(result)
+        detail = result.structured_content
+        assert detail["accelerator"] == "v6e-8" and detail["alternative_accelerators"] == ["v6e-4"]
+        assert detail["granted_accelerator"] == "v6e-4"
+        assert detail["resources"][0]["accelerator"] == "v6e-4"
+        assert detail["node"]["accelerator"] == "v6e-4" and detail["node"]["chips"] == 4
+
+    def test_a_request_without_a_slice_is_the_spec_s(self) -> None:
+        ref = ResourceRef(name="a", zone="us-east5-b", tier=Tier.SPOT, generation=1, attempt=0)
+        assert ref.accelerator is None and ref.state is QueuedResourceState.UNKNOWN
+
+
+class TestCli:
+    def test_plan_and_deploy_take_repeated_alternative_accelerators(self, world: GatewayWorld) -> None:
+        stdout, stderr = io.StringIO(), io.StringIO()
+        argv = ["plan", "--model", "gemma-4-31b", "--accelerator", "v6e-8", "--alternative-accelerator", "v6e-1"]
+        code = run([*argv, "--zone", "us-east5-b"], ports=world.ports, stdout=stdout, stderr=stderr)
+        assert code != 0
+        assert "alternative_accelerators[0]" in stderr.getvalue() and "drop v6e-1" in stderr.getvalue()
+        deploy = ["deploy", "cli-step", "--model", "gemma-4-26b-a4b", "--accelerator", "v6e-8", "--zone", "us-east5-b"]
+        code = run([*deploy, "--alternative-accelerator", "v6e-4"], ports=world.ports, stdout=stdout, stderr=stderr)
+        assert code == 0, stderr.getvalue()
+        (message,) = world.published()
+        assert message.spec.alternative_accelerators == ("v6e-4",)
