@@ -61,6 +61,8 @@ def configure_tracing(export: str, service: str, *, project: str | None = None) 
     """Install the process's tracer provider once (later calls with another export are ignored and say so)."""
     global _configured
     check_trace_export(export)
+    if _configured is not None:  # every function delivery calls this: no lock once installed
+        return
     with _lock:
         if _configured is not None or export == "none":
             _configured = _configured or export

@@ -1,7 +1,7 @@
 """The status page's HTML, rendered from the gateway's views: pure functions, every value escaped.
 
-A page is self-contained (inline CSS and SVG, no script, no outside fetch) and says so to the browser with a
-Content-Security-Policy that allows nothing else. It refreshes itself every 15 s.
+A page is self-contained (inline CSS and SVG, no script, no outside fetch) and says so to the browser with the
+charts' Content-Security-Policy (``charts.CSP``), which allows nothing else. It refreshes itself every 15 s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 from urllib.parse import quote
 
 from mcp_client_gateway.capabilities.timeline import TimelineView
-from mcp_client_gateway.charts import Series, clock_time, line_chart, plain_number
+from mcp_client_gateway.charts import CSP, Series, clock_time, line_chart, plain_number
 from mcp_client_gateway.models import (
     BenchmarkView,
     DeploymentDetail,
@@ -24,7 +24,6 @@ from mcp_client_gateway.models import (
 
 __all__ = ["CSP", "SLI_CHARTS", "deployment_page", "error_page", "index_page"]
 
-CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 _REFRESH_S = 15
 # (title, y label, [(series label, SLI name)]): the charts of a deployment's page, from its monitor samples.
 SLI_CHARTS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (

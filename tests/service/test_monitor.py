@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,7 +31,7 @@ from shared.domain.models import (
     Tier,
 )
 from shared.messages import ReconcileTick, decode_message, new_command_id
-from shared.ports import Delivery
+from shared.ports import Delivery, MetricWriter
 from shared.services.monitor import Monitor, MonitorSettings
 from tests.support.vllm_replay import ReplayVllm, real_metrics_text, with_values
 from tests.support.vllm_server import free_loopback_port
@@ -120,8 +121,9 @@ class World:
         return got
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+@contextmanager
+def monitor_world(tmp_path: Path, metrics: MetricWriter | None = None) -> Iterator[World]:
+    """The monitor on the embedded store and bus, probing replayed vLLM endpoints; ``metrics`` gets its SLIs."""
     clock = ManualClock(START)
     store = CountingStore(tmp_path / "state.db")
     bus = LocalBus(tmp_path / "bus.db", clock=clock)
@@ -132,10 +134,16 @@ def world(tmp_path: Path) -> Iterator[World]:
         topic_commands=TOPICS["commands"], topic_events=TOPICS["events"], topic_ticks=TOPICS["ticks"]
     )
     with ReplayVllm() as replay:
-        monitor = Monitor(store, VllmProbe(timeout_s=1.0, connect_timeout_s=0.5), bus, clock, settings)
-        yield World(store, bus, clock, replay, monitor)
+        probe = VllmProbe(timeout_s=1.0, connect_timeout_s=0.5)
+        yield World(store, bus, clock, replay, Monitor(store, probe, bus, clock, settings, metrics=metrics))
     bus.close()
     store.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    with monitor_world(tmp_path) as built:
+        yield built
 
 
 def test_a_booting_deployment_that_answers_becomes_serving_with_one_batched_sample_write(world: World) -> None:

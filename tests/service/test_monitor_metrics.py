@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from localcloud.monitoring_api import MonitoringStandIn
-from shared.adapters.clock import ManualClock
 from shared.adapters.cloud_monitoring import CloudMonitoringWriter
-from shared.adapters.local_bus import LocalBus
 from shared.adapters.local_metrics import JsonLinesMetricWriter
-from shared.adapters.vllm_probe import VllmProbe
 from shared.domain.models import Phase, Tier
 from shared.domain.sli_metrics import METRIC_PREFIX
-from shared.ports import MetricWriter
-from shared.services.monitor import Monitor, MonitorSettings
-from tests.service.test_monitor import BASE, START, TOPICS, CountingStore, World
-from tests.support.vllm_replay import ReplayVllm, with_values
+from tests.service.test_monitor import BASE, World, monitor_world
+from tests.support.vllm_replay import with_values
 from tests.support.vllm_server import free_loopback_port
 
 PROJECT = "tpuctl-test"
@@ -36,27 +30,9 @@ def stand_in() -> Iterator[MonitoringStandIn]:
     server.stop()
 
 
-@contextmanager
-def _world(tmp_path: Path, writer: MetricWriter) -> Iterator[World]:
-    clock = ManualClock(START)
-    store = CountingStore(tmp_path / "state.db")
-    bus = LocalBus(tmp_path / "bus.db", clock=clock)
-    for logical, topic in TOPICS.items():
-        bus.ensure_topic(topic)
-        bus.ensure_subscription(topic, f"{logical}-probe")
-    settings = MonitorSettings(
-        topic_commands=TOPICS["commands"], topic_events=TOPICS["events"], topic_ticks=TOPICS["ticks"]
-    )
-    with ReplayVllm() as replay:
-        probe = VllmProbe(timeout_s=1.0, connect_timeout_s=0.5)
-        yield World(store, bus, clock, replay, Monitor(store, probe, bus, clock, settings, metrics=writer))
-    bus.close()
-    store.close()
-
-
 @pytest.fixture
 def cloud(tmp_path: Path, stand_in: MonitoringStandIn) -> Iterator[World]:
-    with _world(tmp_path, CloudMonitoringWriter(PROJECT, endpoint=stand_in.endpoint)) as world:
+    with monitor_world(tmp_path, CloudMonitoringWriter(PROJECT, endpoint=stand_in.endpoint)) as world:
         yield world
 
 
@@ -116,7 +92,7 @@ def test_points_the_api_refuses_leave_the_tick_and_its_samples_whole(cloud: Worl
 
 def test_an_unreachable_monitoring_api_is_counted_not_fatal(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_loopback_port()}"  # nothing listens: connections are refused
-    with _world(tmp_path, CloudMonitoringWriter(PROJECT, endpoint=endpoint)) as world:
+    with monitor_world(tmp_path, CloudMonitoringWriter(PROJECT, endpoint=endpoint)) as world:
         world.add("dep-a", phase=Phase.SERVING)
         report = world.tick()
         assert report.metric_failures == 1 and report.samples_written == 1
@@ -125,7 +101,7 @@ def test_an_unreachable_monitoring_api_is_counted_not_fatal(tmp_path: Path) -> N
 
 def test_the_embedded_default_keeps_the_points_as_json_lines(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    with _world(tmp_path, JsonLinesMetricWriter(path)) as world:
+    with monitor_world(tmp_path, JsonLinesMetricWriter(path)) as world:
         world.add("dep-a", phase=Phase.SERVING)
         report = world.tick()
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
@@ -144,7 +120,7 @@ def test_the_embedded_default_keeps_the_points_as_json_lines(tmp_path: Path) -> 
 
 def test_the_json_lines_file_rolls_over_instead_of_growing_without_bound(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    with _world(tmp_path, JsonLinesMetricWriter(path, max_bytes=200)) as world:
+    with monitor_world(tmp_path, JsonLinesMetricWriter(path, max_bytes=200)) as world:
         world.add("dep-a", phase=Phase.SERVING)
         world.tick()
         first = path.read_text(encoding="utf-8")
