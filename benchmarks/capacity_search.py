@@ -7,6 +7,9 @@ Policies (all three drive the simulator through the same ``TpuApi`` adapter, in-
   request waits its full valid-until), ``ours-hedge4`` (hedge 4), ``ours-no-park`` (the earlier
   defaults: 10-minute checks, a checked request is force-deleted and its pair asked again later) and
   ``ours-check10`` (parking with the earlier 10-minute first check).
+* ``ours+cache``, ``ours+cache-primed``: ``ours`` whose boots use a regional weights and compile cache (issue 20,
+  item 4): filled by the run's first completed boot in a region, or filled in every region before the command.
+  The controller is the same; only command -> first token differs (``benchmarks/time_to_serve.py``).
 * ``ours+advice``: ``ours`` with Compute Engine's capacity advice (issue 21, item 2), read from the simulator
   in-process; only on ``advice-accurate`` and ``advice-noisy`` is the advice anything but noise-free live pools.
 * ``ours+probe``, ``ours+advice+probe``: the same with the spot probe of waiting flex-start requests (issue 21,
@@ -41,6 +44,8 @@ x0.5-1.5. A run lasts until the first ACTIVE plus a 3 h serving window, or the s
 Measured per run: virtual time until the policy holds an ACTIVE slice (censored at the horizon),
 chip-hours billed for capacity that was not the serving slice, API calls, orphans left at the end
 (labelled resources other than the serving slice; for ours after a janitor tick) and availability.
+Every run also reports command -> first token: ACTIVE plus the boot model's stages for the granted slice
+(``localcloud.tpu_sim.boot_model``, gemma-4-26b-a4b), and the outage after a preemption including the re-boot.
 
 Usage::
 
@@ -75,6 +80,7 @@ from benchmarks.capacity_search_results import (
     summarise,
     target_table,
 )
+from benchmarks.time_to_serve import CACHE_POLICIES, ServeTracker, account, first_token_table, world_slice
 from localcloud.in_process_tpu import InProcessTpuApi
 from localcloud.tpu_sim import World, load_scenario
 from localcloud.tpu_sim.advice import capacity_advice
@@ -98,6 +104,8 @@ SERVE_S = 3 * 3600.0
 SAMPLE_S = 15.0
 POLICIES = (
     "ours",
+    "ours+cache",
+    "ours+cache-primed",
     "ours+advice",
     "ours+probe",
     "ours+advice+probe",
@@ -570,6 +578,7 @@ def drive(
     after_step: Callable[[], None] = lambda: None,
     on_first_serving: Callable[[str, str], None] = lambda zone, name: None,
     chips: Callable[[str, str], int] = lambda zone, name: CHIPS,
+    on_sample: Callable[[float, tuple[str, str, Tier] | None, bool], None] = lambda now_s, serving, up: None,
 ) -> None:
     """Run ``policy`` in ``world`` until it has served ``SERVE_S`` (or the horizon passes) and fill ``result``.
 
@@ -586,6 +595,7 @@ def drive(
             after_step()
         serving = policy.serving()
         up = serving is not None and is_up(serving[0], serving[1])
+        on_sample(now_s, serving, up)
         if serving is not None and result.time_to_active_s is None:
             result.time_to_active_s = became_active_s(world, serving[1], now_s, active_kinds)
             result.time_to_known_s = now_s
@@ -661,7 +671,7 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
     world = seeded_world(plan, seed)
     tpu = InProcessTpuApi(world)
     policy: Policy
-    if policy_name == "ours":
+    if policy_name in ("ours", *CACHE_POLICIES):  # the cache changes the boot only (benchmarks/time_to_serve.py)
         policy = Ours(plan, world, tpu, folder)
     elif policy_name == "ours+advice":
         policy = Ours(plan, world, tpu, folder, advice=InProcessAdvice(world))
@@ -686,7 +696,20 @@ def run_one(policy_name: str, plan: ScenarioPlan, seed: int, folder: Path) -> Ru
         policy = SkyPilot(plan, world, tpu)
     result = RunResult(policy_name, plan.name, seed)
     up = lambda zone, name: world.qr_state(zone, name) == "ACTIVE"  # noqa: E731
-    drive(policy, world, tpu, result, is_up=up, orphan_kinds=("queued_resource", "node"), chips=world_chips(world))
+    tracker = ServeTracker(
+        lambda name, now_s: became_active_s(world, name, now_s), world_slice(world, plan.accelerator)
+    )
+    drive(
+        policy,
+        world,
+        tpu,
+        result,
+        is_up=up,
+        orphan_kinds=("queued_resource", "node"),
+        chips=world_chips(world),
+        on_sample=tracker.sample,
+    )
+    account(result, tracker, plan, sorted({region_of(zone) for zone in world.scenario.zones}))
     if isinstance(policy, Bound):
         result.first_chips_s = policy.first_chips_s
     result.wall_s = time.perf_counter() - started
@@ -725,6 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies = args.policy or ["ours", "sequential", "skypilot", "bound"]
     shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp folder in tmpfs: SQLite fsyncs every write
     summaries: list[Summary] = []
+    groups: list[tuple[ScenarioPlan, list[RunResult]]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None, prefix="tpuctl-bench-") as folder:
         for scenario in scenarios:
@@ -733,6 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seeds = range(args.first_seed, args.first_seed + args.runs)
                 results = [run_one(policy, plan, seed, Path(folder)) for seed in seeds]
                 summary = summarise(results, plan)
+                groups.append((plan, results))
                 summaries.append(summary)
                 print(
                     f"{scenario:>22} {policy:>10}: median {summary.median_min:6.1f} min, p90 {summary.p90_min:6.1f},"
@@ -749,6 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours, seq = by_key.get((scenario, "ours")), by_key.get((scenario, "sequential"))
         if ours and seq:
             print(f"\n{scenario}: ours/sequential median time to ACTIVE = {ours.median_min / seq.median_min:.2f}")
+    print("\nCommand -> first token (benchmarks/time_to_serve.py, a model calibrated to published boot figures):\n")
+    print(first_token_table(groups))
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 

@@ -58,6 +58,11 @@ class RunResult:
     serving_s: float = 0.0
     window_s: float = 0.0
     wall_s: float = 0.0
+    # Command -> first token with the boot model (benchmarks/time_to_serve.py): boots by cache state, outages.
+    first_token_s: float | None = None
+    boots: list[str] = field(default_factory=list)
+    token_outages_s: list[float] = field(default_factory=list)
+    token_unrecovered: int = 0
 
     @property
     def wasted_chip_hours(self) -> float:

@@ -56,13 +56,21 @@ _ADVANCE = _GLYPH_W + _SCALE
 
 @dataclass(frozen=True)
 class Series:
+    """A series: ``style`` is line (joined markers), dashed, points (markers only), faint (pale markers only),
+    ring (hollow circles, to mark points of another series) or path (a line without markers)."""
+
     name: str
     points: tuple[tuple[float, float], ...]
+    style: str = "line"
+    color: str = ""
+    """``#rrggbb``; empty: the palette colour of the series' place."""
+    legend: bool = True
 
 
 @dataclass(frozen=True)
 class Chart:
-    """A line chart: several series over the same x axis (log scale when the levels span 8x or more)."""
+    """A line chart: several series over the same x axis (log scale when the levels span 8x or more). Without
+    ``x_values`` (a continuous x, e.g. throughput) the x axis runs from 0 with round ticks, like the y axis."""
 
     title: str
     x_label: str
@@ -71,6 +79,8 @@ class Chart:
     marker_x: float | None = None
     marker_label: str = ""
     x_values: tuple[float, ...] = field(default=())
+    log_y: bool = False
+    """A log y axis (decades with 2 and 5 between), for values spanning orders of magnitude, e.g. prices."""
 
     @property
     def log_x(self) -> bool:
@@ -90,13 +100,20 @@ def _nice_step(span: float, ticks: int = 5) -> float:
 class _Layout:
     def __init__(self, chart: Chart) -> None:
         self.chart = chart
-        xs = list(chart.x_values) or [x for s in chart.series for x, _ in s.points] or [0.0, 1.0]
+        xs = list(chart.x_values) or [x for s in chart.series for x, _ in s.points if math.isfinite(x)] or [0.0, 1.0]
         ys = [y for s in chart.series for _, y in s.points if math.isfinite(y)] or [0.0]
         self.x_min, self.x_max = min(xs), max(xs)
+        self.x_step = 0.0
+        if not chart.x_values:
+            self.x_step = _nice_step(max(max(xs), 0.0))
+            self.x_min, self.x_max = 0.0, max(self.x_step, math.ceil(max(xs) / self.x_step) * self.x_step)
         if self.x_max == self.x_min:
             self.x_min, self.x_max = self.x_min - 1, self.x_max + 1
         self.y_step = _nice_step(max(ys))
         self.y_max = max(self.y_step, math.ceil(max(ys) / self.y_step) * self.y_step)
+        positive = [y for y in ys if y > 0] or [1.0]
+        self.y_low = 10.0 ** math.floor(math.log10(min(positive)))  # the log axis' bottom (a decade)
+        self.y_high = max(10.0 ** math.ceil(math.log10(max(positive))), self.y_low * 10)
         self.left, self.top = _MARGIN_LEFT, _MARGIN_TOP
         self.right, self.bottom = WIDTH - _MARGIN_RIGHT, HEIGHT - _MARGIN_BOTTOM
 
@@ -109,14 +126,35 @@ class _Layout:
         return self.left + share * (self.right - self.left)
 
     def y(self, value: float) -> float:
-        return self.bottom - (value / self.y_max) * (self.bottom - self.top)
+        if self.chart.log_y:
+            low, high = math.log(self.y_low), math.log(self.y_high)
+            share = (math.log(max(value, self.y_low / 10)) - low) / (high - low)
+        else:
+            share = value / self.y_max
+        return self.bottom - share * (self.bottom - self.top)
 
     def y_ticks(self) -> list[float]:
+        if self.chart.log_y:
+            decades = round(math.log10(self.y_high / self.y_low))
+            steps = (1, 2, 5) if decades <= 3 else (1,)
+            ticks = [self.y_low * 10**d * m for d in range(decades) for m in steps]
+            return [*ticks, self.y_high]
         count = round(self.y_max / self.y_step)
         return [self.y_step * i for i in range(count + 1)]
 
     def x_ticks(self) -> list[float]:
+        if self.x_step:
+            return [self.x_step * i for i in range(round(self.x_max / self.x_step) + 1)]
         return sorted(set(self.chart.x_values)) or [self.x_min, self.x_max]
+
+    def legend_rows(self) -> list[tuple[float, int, Series]]:
+        """(y, palette place, series) of each series in the legend."""
+        shown = [(number, s) for number, s in enumerate(self.chart.series) if s.legend]
+        return [(self.top + 10 + row * 20, number, s) for row, (number, s) in enumerate(shown)]
+
+
+def _color(number: int, series: Series) -> str:
+    return series.color or _COLORS[number % len(_COLORS)]
 
 
 def _label(value: float) -> str:
@@ -157,7 +195,7 @@ def render_svg(chart: Chart) -> str:
     middle = (layout.top + layout.bottom) / 2
     out.append(
         f'<text x="20" y="{middle}" text-anchor="middle" transform="rotate(-90 20 {middle})">'
-        f"{escape(chart.y_label)}</text>"
+        f"{escape(chart.y_label)}{' (log scale)' if chart.log_y else ''}</text>"
     )
     if chart.marker_x is not None:
         x = layout.x(chart.marker_x)
@@ -167,20 +205,40 @@ def render_svg(chart: Chart) -> str:
         )
         out.append(f'<text x="{x + 4:.1f}" y="{layout.top + 12}" fill="#555">{escape(chart.marker_label)}</text>')
     for number, series in enumerate(chart.series):
-        color = _COLORS[number % len(_COLORS)]
-        points = [(layout.x(x), layout.y(y)) for x, y in series.points if math.isfinite(y)]
-        if len(points) > 1:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>' for x, y in points)
-        legend_y = layout.top + 10 + number * 20
-        out.append(
-            f'<line x1="{layout.right + 15}" y1="{legend_y}" x2="{layout.right + 35}" y2="{legend_y}" '
-            f'stroke="{color}" stroke-width="2"/>'
-        )
+        out.extend(_svg_series(layout, series, _color(number, series)))
+    for legend_y, number, series in layout.legend_rows():
+        out.append(_svg_sample(layout.right + 25, legend_y, series, _color(number, series)))
         out.append(f'<text x="{layout.right + 40}" y="{legend_y + 4}">{escape(series.name)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+_SVG_DOT = 'r="3.5" fill="{c}"'
+_SVG_MARKS = {
+    "faint": 'r="3.5" fill="{c}" fill-opacity="0.25"',
+    "ring": 'r="7" fill="none" stroke="{c}" stroke-width="2"',
+}
+
+
+def _svg_series(layout: _Layout, series: Series, color: str) -> list[str]:
+    points = [(layout.x(x), layout.y(y)) for x, y in series.points if math.isfinite(x) and math.isfinite(y)]
+    out = []
+    if len(points) > 1 and series.style in ("line", "dashed", "path"):
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        dash = ' stroke-dasharray="6 4"' if series.style == "dashed" else ""
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
+    if series.style != "path":
+        mark = _SVG_MARKS.get(series.style, _SVG_DOT).format(c=color)
+        out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" {mark}/>' for x, y in points)
+    return out
+
+
+def _svg_sample(x: float, y: float, series: Series, color: str) -> str:
+    if series.style in ("points", "faint", "ring"):
+        mark = _SVG_MARKS.get(series.style, _SVG_DOT).format(c=color)
+        return f'<circle cx="{x}" cy="{y}" {mark}/>'
+    dash = ' stroke-dasharray="6 4"' if series.style == "dashed" else ""
+    return f'<line x1="{x - 10}" y1="{y}" x2="{x + 10}" y2="{y}" stroke="{color}" stroke-width="2"{dash}/>'
 
 
 class _Canvas:
@@ -251,8 +309,32 @@ class _Canvas:
         )
 
 
-def _rgb(color: str) -> tuple[int, int, int]:
-    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
+def _rgb(color: str, opacity: float = 1.0) -> tuple[int, int, int]:
+    """The colour, blended over white when ``opacity`` < 1."""
+    channels = (int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16))
+    r, g, b = (round(255 - (255 - c) * opacity) for c in channels)
+    return r, g, b
+
+
+def _png_mark(canvas: _Canvas, x: float, y: float, style: str, color: str) -> None:
+    if style == "ring":
+        rgb = _rgb(color)
+        for step in range(48):
+            angle = step * math.pi / 24
+            px, py = round(x + 7 * math.cos(angle)), round(y + 7 * math.sin(angle))
+            canvas.rect(px - 1, py - 1, px, py, rgb)
+    elif style != "path":
+        rgb = _rgb(color, 0.25 if style == "faint" else 1.0)
+        canvas.rect(round(x) - 3, round(y) - 3, round(x) + 3, round(y) + 3, rgb)
+
+
+def _png_series(canvas: _Canvas, layout: _Layout, series: Series, color: str) -> None:
+    points = [(layout.x(x), layout.y(y)) for x, y in series.points if math.isfinite(x) and math.isfinite(y)]
+    if series.style in ("line", "dashed", "path"):
+        for (xa, ya), (xb, yb) in itertools.pairwise(points):
+            canvas.line(xa, ya, xb, yb, _rgb(color), width=2, dash=6 if series.style == "dashed" else 0)
+    for x, y in points:
+        _png_mark(canvas, x, y, series.style, color)
 
 
 def render_png(chart: Chart) -> bytes:
@@ -273,20 +355,21 @@ def render_png(chart: Chart) -> bytes:
     canvas.line(layout.left, layout.bottom, layout.right, layout.bottom, black)
     x_label = chart.x_label + (" (log scale)" if chart.log_x else "")
     canvas.text((layout.left + layout.right) / 2, HEIGHT - 14, x_label, black, "middle")
-    canvas.text_vertical(14, (layout.top + layout.bottom) / 2, chart.y_label, black)
+    y_label = chart.y_label + (" (log scale)" if chart.log_y else "")
+    canvas.text_vertical(14, (layout.top + layout.bottom) / 2, y_label, black)
     if chart.marker_x is not None:
         x = layout.x(chart.marker_x)
         canvas.line(x, layout.top, x, layout.bottom, grey, dash=6)
         canvas.text(x + 4, layout.top + 12, chart.marker_label, grey)
     for number, series in enumerate(chart.series):
-        color = _rgb(_COLORS[number % len(_COLORS)])
-        points = [(layout.x(x), layout.y(y)) for x, y in series.points if math.isfinite(y)]
-        for (xa, ya), (xb, yb) in itertools.pairwise(points):
-            canvas.line(xa, ya, xb, yb, color, width=2)
-        for x, y in points:
-            canvas.rect(round(x) - 3, round(y) - 3, round(x) + 3, round(y) + 3, color)
-        legend_y = layout.top + 10 + number * 20
-        canvas.line(layout.right + 15, legend_y, layout.right + 35, legend_y, color, width=2)
+        _png_series(canvas, layout, series, _color(number, series))
+    for legend_y, number, series in layout.legend_rows():
+        color = _color(number, series)
+        if series.style in ("points", "faint", "ring"):
+            _png_mark(canvas, layout.right + 25, legend_y, series.style, color)
+        else:
+            dash = 4 if series.style == "dashed" else 0
+            canvas.line(layout.right + 15, legend_y, layout.right + 35, legend_y, _rgb(color), width=2, dash=dash)
         canvas.text(layout.right + 40, legend_y + 5, series.name, black)
     return canvas.png()
 

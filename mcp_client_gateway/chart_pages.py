@@ -1,4 +1,5 @@
-"""HTML pages of charts drawn from the gateway's views: a deployment's metrics, one benchmark run, runs compared.
+"""HTML pages of charts drawn from the gateway's views: a deployment's metrics, one benchmark run, runs compared, a
+deployment's phase and timeline.
 
 Pure: each function takes a view as its JSON (what the tool returns as ``structured_content``, or
 ``View.model_dump(mode="json")``) and returns a self-contained page (``charts.page``). Read defensively: a missing
@@ -8,12 +9,12 @@ or non-numeric value is left out, never an error, and every string goes through 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from mcp_client_gateway.charts import Series, clock_time, line_chart, page, paragraph, plain_number, table
 
-__all__ = ["benchmark_page", "comparison_page", "metrics_page"]
+__all__ = ["benchmark_page", "comparison_page", "deployment_page", "metrics_page"]
 
 # (chart title, y label, ((SLI name, line label, scale), ...)) for the metrics page
 _METRIC_CHARTS: tuple[tuple[str, str, tuple[tuple[str, str, float], ...]], ...] = (
@@ -144,6 +145,38 @@ def comparison_page(view: Mapping[str, Any]) -> str:
     ]
     headers = ("run", "deployment", "model", "slice", "status", "peak tok/s", "TTFT p99 ms")
     return page(f"{len(rows)} benchmark run(s) compared", [table(headers, cells), *charts])
+
+
+def deployment_page(view: Mapping[str, Any]) -> str:
+    """``DeploymentDetail`` with its ``TimelineView`` under ``timeline``: the phase and where it runs, then the
+    status page's timeline (each step with who or what caused it), newest first so a long one keeps its latest."""
+    name, timeline = view.get("deployment_id", ""), _mapping(view.get("timeline"))
+    where = " / ".join(str(part) for part in (view.get("zone"), view.get("tier"), view.get("endpoint")) if part)
+    sections = [
+        paragraph(f"phase {view.get('phase', '')} since {_when(view.get('phase_since'))}"),
+        paragraph(f"{view.get('model', '')} on {view.get('accelerator', '')}; {where or 'no slice yet'}"),
+    ]
+    if view.get("message"):
+        sections.append(paragraph(str(view["message"]), note=True))
+    events = _dicts(timeline.get("events"))
+    if not timeline:
+        sections.append(paragraph("The timeline could not be read.", note=True))
+    else:
+        keys = ("kind", "summary", "cause", "link")
+        rows = [[_when(event.get("at")), *(event.get(key) or "" for key in keys)] for event in events[::-1]]
+        sections += [
+            paragraph(f"Timeline since {_when(timeline.get('since'))}: {len(events)} event(s), newest first."),
+            table(("at", "what", "summary", "caused by", "link"), rows),
+        ]
+        if timeline.get("trimmed"):
+            sections.append(paragraph(f"{timeline['trimmed']} older event(s) not shown.", note=True))
+    return page(f"Deployment {name}", sections)
+
+
+def _when(value: Any) -> str:
+    """An ISO time as the status page writes it (UTC, to the second); anything else as it is, or ``?``."""
+    at = _epoch(value)
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at is not None else str(value or "?")
 
 
 def _figure(row: Mapping[str, Any], key: str) -> str:

@@ -39,8 +39,10 @@ from pydantic import ValidationError
 from rich.text import Text
 
 from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
-from mcp_client_gateway.cli_bench import add_workload_arguments, workload_settings
+from mcp_client_gateway.cli_bench import add_workload_arguments, run_of, workload_settings
+from mcp_client_gateway.cli_bench_report import add_bench_report_command
 from mcp_client_gateway.cli_debug import add_debug_command
+from mcp_client_gateway.cli_deploy import add_deploy_arguments
 from mcp_client_gateway.cli_output import (
     Output,
     render_accepted,
@@ -62,9 +64,8 @@ from mcp_client_gateway.cli_ui import add_ui_command
 from mcp_client_gateway.confirmation import ConfirmationRequest
 from mcp_client_gateway.core import GatewayCore, GatewayError, GatewayPorts
 from mcp_client_gateway.interface_words import cli_text
-from mcp_client_gateway.models import ErrorCode, MetricsView, UpdateAccepted
+from mcp_client_gateway.models import CommandAccepted, ErrorCode, MetricsView, UpdateAccepted
 from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
-from shared.messages.contracts import UUID_PATTERN
 from shared.tracing import configure_tracing, traced
 
 __all__ = ["EXIT_CODES", "main", "run"]
@@ -187,7 +188,20 @@ def _confirmed(request: ConfirmationRequest, args: argparse.Namespace, out: Outp
 
 
 def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    accepted = core.create_deployment(
+    try:
+        accepted = _create(core, args, confirm=None)
+    except GatewayError as refused:  # a calendar booking: the person at the terminal confirms window and price
+        if refused.confirmation is None or refused.confirmation.action != "book_calendar":
+            raise
+        accepted = _create(core, args, confirm=_confirmed(refused.confirmation, args, out))
+    out.data(accepted, render_accepted)
+    if args.wait:
+        return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
+    return EXIT_OK
+
+
+def _create(core: GatewayCore, args: argparse.Namespace, *, confirm: str | None) -> CommandAccepted:
+    return core.create_deployment(
         deployment_id=args.deployment_id,
         model=args.model,
         accelerator=args.accelerator,
@@ -202,11 +216,9 @@ def cmd_deploy(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         dtype=args.dtype,
         command_id=args.command_id,
+        book_calendar=args.book_calendar,
+        confirm=confirm,
     )
-    out.data(accepted, render_accepted)
-    if args.wait:
-        return _wait(core, accepted.command_id, out, args.timeout, args.poll_seconds)
-    return EXIT_OK
 
 
 def cmd_status(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
@@ -372,27 +384,14 @@ def cmd_bench_run(core: GatewayCore, args: argparse.Namespace, out: Output) -> i
     return code
 
 
-_UUID = re.compile(UUID_PATTERN)
-
-
-def _run_of(core: GatewayCore, run_or_deployment: str) -> str:
-    """A run id as given, or a deployment id's newest run (run ids are UUIDs, deployment ids never are)."""
-    if _UUID.fullmatch(run_or_deployment):
-        return run_or_deployment
-    rows = core.compare_benchmarks(deployment_id=run_or_deployment, limit=1).rows
-    if not rows:
-        raise GatewayError("not_found", "run_id", f"no benchmark run of '{run_or_deployment}'", "tpuctl bench run it")
-    return rows[0].run_id
-
-
 def cmd_bench_show(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    view = core.get_benchmark(_run_of(core, args.run_id))
+    view = core.get_benchmark(run_of(core, args.run_id))
     out.data(view, render_benchmark)
     return EXIT_FAILED if view.status == "failed" else EXIT_OK
 
 
 def cmd_bench_plot(core: GatewayCore, args: argparse.Namespace, out: Output) -> int:
-    view = core.get_benchmark(_run_of(core, args.run_id))
+    view = core.get_benchmark(run_of(core, args.run_id))
     written = write_benchmark_plots(view, args.out)
     if not written:
         out.note(f"benchmark {view.run_id} ({view.status}) has no levels to plot yet")
@@ -506,20 +505,7 @@ _ALTERNATIVE = "a slice to step down or across to when the first is scarce (repe
 def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting: argparse.ArgumentParser) -> None:
     """deploy, status, delete, stop, restart, start."""
     deploy = sub.add_parser("deploy", parents=[common, waiting], help="create a deployment")
-    deploy.add_argument("deployment_id")
-    deploy.add_argument("--model", required=True, choices=MODELS)
-    deploy.add_argument("--accelerator", default="v6e-4", choices=ACCELERATORS)
-    deploy.add_argument("--alternative-accelerator", action="append", choices=ACCELERATORS, help=_ALTERNATIVE)
-    deploy.add_argument("--zone", action="append", help="allowed zone, best first (repeat); default: quota fits")
-    deploy.add_argument("--tier", action="append", choices=TIERS, help="capacity tier in priority order (repeat)")
-    deploy.add_argument("--hedge", type=int)
-    deploy.add_argument("--ttl-hours", type=float)
-    deploy.add_argument("--budget-usd", type=float)
-    deploy.add_argument("--idle-minutes", type=int)
-    deploy.add_argument("--max-model-len", type=int)
-    deploy.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
-    deploy.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype (default bfloat16)")
-    deploy.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
+    add_deploy_arguments(deploy)
     deploy.set_defaults(handler=cmd_deploy)
 
     status = sub.add_parser("status", parents=[common], help="list deployments, or show one")
@@ -645,6 +631,7 @@ def _add_bench_commands(sub: Any, common: argparse.ArgumentParser, waiting: argp
     plot.add_argument("run_id", help="a run id, or a deployment id for its newest run")
     plot.add_argument("--out", type=Path, default=Path("bench-plots"), help="folder to write them into")
     plot.set_defaults(handler=cmd_bench_plot)
+    add_bench_report_command(bench_sub, common)
     compare = bench_sub.add_parser("compare", parents=[common], help="runs side by side")
     compare.add_argument("--deployment")
     compare.add_argument("--model", choices=MODELS)

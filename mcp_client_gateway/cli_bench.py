@@ -10,15 +10,18 @@ command. A bad line is refused naming the file's line and field before anything 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
 from loadgen.workloads import TraceError, read_trace_file
+from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.errors import GatewayError
 from shared.domain.bench_rate_search import LADDER_RUNGS, rate_ladder
 from shared.messages import WORKLOADS
+from shared.messages.contracts import UUID_PATTERN
 
-__all__ = ["add_workload_arguments", "workload_settings"]
+__all__ = ["add_workload_arguments", "run_of", "workload_settings"]
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,3 +95,16 @@ def _search_ladder(start: float, settings: dict[str, Any]) -> dict[str, Any]:
             "give the first request rate to probe, in requests per second, above 0 and at most 5000",
         )
     return {"mode": "rate", "request_rate": rate_ladder(start)}
+
+
+_UUID = re.compile(UUID_PATTERN)
+
+
+def run_of(core: GatewayCore, run_or_deployment: str) -> str:
+    """A run id as given, or a deployment id's newest run (run ids are UUIDs, deployment ids never are)."""
+    if _UUID.fullmatch(run_or_deployment):
+        return run_or_deployment
+    rows = core.compare_benchmarks(deployment_id=run_or_deployment, limit=1).rows
+    if not rows:
+        raise GatewayError("not_found", "run_id", f"no benchmark run of '{run_or_deployment}'", "tpuctl bench run it")
+    return rows[0].run_id

@@ -250,6 +250,8 @@ def render_plan(plan: PlanView, out: Output) -> None:
     out.out.print(Text(f"image {plan.image}"))
     out.out.print(Text("vllm " + " ".join(plan.argv[1:] if plan.argv[:1] == ["vllm"] else plan.argv)))
     out.out.print(Text(plan.search_scope.summary))
+    if plan.calendar is not None:
+        out.out.print(Text(f"calendar-mode window: {plan.calendar.note}"))
     if plan.clock_warning:
         out.note(f"warning: {plan.clock_warning}")
     for note in plan.notes:

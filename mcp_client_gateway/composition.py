@@ -17,6 +17,7 @@ from typing import Any, cast
 from mcp_client_gateway.capabilities.common import GatewayPorts, PriceLookup
 from shared.config import Settings
 from shared.ports import (
+    CalendarReservations,
     Clock,
     CommandBus,
     DebugBundles,
@@ -130,6 +131,7 @@ def build_ports(settings: Settings) -> GatewayPorts:
         # The controller's prices (the Billing Catalog, cached; the dated table when unreachable): the same source.
         prices=None if no_stack else cast(PriceLookup, _Deferred(lambda: runtime.prices)),
         debug_bundles=cast(DebugBundles, _Deferred(debug_bundles)) if bundles_configured else None,
+        calendar=cast(CalendarReservations, _Deferred(lambda: NoLocalStack() if no_stack else runtime.calendar)),
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))

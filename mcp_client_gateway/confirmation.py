@@ -48,7 +48,7 @@ from shared.ports import Clock
 
 __all__ = ["CONFIRM_TTL_S", "TOKEN_PREFIX", "ConfirmAction", "ConfirmationRequest", "Confirmations"]
 
-ConfirmAction = Literal["delete", "stop", "restart", "update", "replace_hf_token"]
+ConfirmAction = Literal["delete", "stop", "restart", "update", "replace_hf_token", "book_calendar"]
 CONFIRM_TTL_S = 300.0
 TOKEN_PREFIX = "tpuctl-confirm"  # noqa: S105 - a marker, not a secret
 
@@ -59,6 +59,7 @@ _DOING: dict[str, str] = {
     "restart": "restarting vLLM on",
     "update": "updating",
     "replace_hf_token": "replacing the Hugging Face token in",
+    "book_calendar": "booking a calendar-mode window for",
 }
 _STATE = re.compile(r"^[a-z0-9-]{1,48}$")
 _MAC = re.compile(r"^[A-Za-z0-9_-]{43}$")

@@ -135,6 +135,8 @@ class GatewayCore:
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
         alternative_accelerators: Sequence[str] | None = None,
+        book_calendar: bool = False,
+        confirm: str | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; no zones: the
         plan's search scope (where the slice, or an alternative slice, fits the live quota,
@@ -158,6 +160,8 @@ class GatewayCore:
             command_id=command_id,
             valid_until_minutes=valid_until_minutes,
             alternative_accelerators=alternative_accelerators,
+            book_calendar=book_calendar,
+            confirm=confirm,
         )
         warning = clock_warning(self.ports, ttl_hours)
         return accepted.model_copy(update={"warnings": [warning]}) if warning else accepted

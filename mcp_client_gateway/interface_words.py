@@ -68,7 +68,15 @@ _CONFIRM = {"confirm": "--confirm"}
 # MCP tool -> the tpuctl command that does the same (None: the CLI has no such command; use `tpuctl mcp`).
 COMMANDS: dict[str, CliCommand | None] = {
     "tpu_create_deployment": CliCommand(
-        "deploy", _ID, {"model": "--model", **_DEPLOY_SPEC, "alternative_accelerators": "--alternative-accelerator"}
+        "deploy",
+        _ID,
+        {
+            "model": "--model",
+            **_DEPLOY_SPEC,
+            "alternative_accelerators": "--alternative-accelerator",
+            "book_calendar": "--book-calendar",
+            **_CONFIRM,
+        },
     ),
     "tpu_list_deployments": CliCommand(
         "status", (), {"include_deleted": "--all"}, frozenset({"phase", "offset", "limit"})
@@ -156,6 +164,7 @@ CONFIRMED_BY = {
     "restart": "tpu_restart_serving",
     "update": "tpu_update_deployment",
     "replace_hf_token": "tpu_save_hf_token",
+    "book_calendar": "tpu_create_deployment",
 }
 
 # How a positional parameter is written in a command's usage when its value is not known.

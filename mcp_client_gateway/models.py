@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mcp_client_gateway.calendar_views import CalendarQuoteView
 from mcp_client_gateway.slice_views import AlternativeSliceView
 from shared.domain.untrusted import benchmark_result_view, clean_text, node_system_view
 
@@ -775,15 +776,13 @@ class PlanView(_View):
     unpriced: list[str]
     notes: list[str]
     price_table_date: str
-    price_source: str = Field(
-        description="Where the prices come from: the Cloud Billing Catalog (as the controller), else "
-        "'dated price table (YYYY-MM-DD)' and why."
-    )
+    price_source: str = Field(description="The Cloud Billing Catalog (as the controller), else 'dated price table'.")
     plan_hash: str
     clock_warning: str | None = Field(
         default=None, description="When the controller's clock runs faster than wall time: what a TTL is in wall time."
     )
     search_scope: SearchScopeView = Field(description="The zones a create with these arguments would search.")
+    calendar: CalendarQuoteView | None = Field(default=None, description="The earliest calendar-mode window, priced.")
 
 
 class ArtifactsView(_View):

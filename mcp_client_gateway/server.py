@@ -28,7 +28,7 @@ from mcp_client_gateway.tools import benchmarks, capacity, deployments, logs, op
 from mcp_client_gateway.tools.chart_apps import ChartApps
 from mcp_client_gateway.tools.common import ConfirmForm, ToolSet, Toolset, resolve_toolset
 
-__all__ = ["SERVER_NAME", "ConfirmForm", "build_server", "instructions"]
+__all__ = ["SERVER_NAME", "ConfirmForm", "build_server", "instructions", "served_tools"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,20 @@ def instructions(toolset: Toolset, tools: list[Tool]) -> str:
     return " ".join(part for part in parts if part)
 
 
+def served_tools(core: GatewayCore, toolset: Toolset = "all") -> list[Tool]:
+    """The tools a server of ``toolset`` lists, registered per capability in the order clients list them."""
+    tools = ToolSet(core, toolset=toolset)
+    deployments.register_create(tools)
+    operations.register(tools)
+    deployments.register_lifecycle(tools)
+    capacity.register(tools)
+    serving.register(tools)
+    logs.register(tools)
+    benchmarks.register(tools)
+    secrets.register(tools)
+    return tools.tools
+
+
 async def _warm(warm_up: Callable[[], None]) -> None:
     try:
         await anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True)
@@ -105,7 +119,8 @@ def build_server(
     while the client negotiates), so the first tool call does not pay for opening the store.
 
     ``chart_apps`` (default on) adds the MCP Apps extension (``tools/chart_apps.py``): the metrics and benchmark
-    tools carry ``ui://`` chart pages for clients that negotiated Apps; other clients see no difference in results.
+    tools, and ``tpu_get_deployment`` (its phase and timeline), carry ``ui://`` pages for clients that negotiated
+    Apps; other clients see no difference in results.
     """
     core = core_or_ports if isinstance(core_or_ports, GatewayCore) else GatewayCore(core_or_ports)
     served = resolve_toolset(toolset, read_only=read_only)
@@ -118,17 +133,9 @@ def build_server(
             yield {}
             background.cancel_scope.cancel()
 
-    tools = ToolSet(core, toolset=served)
-    deployments.register_create(tools)
-    operations.register(tools)
-    deployments.register_lifecycle(tools)
-    capacity.register(tools)
-    serving.register(tools)
-    logs.register(tools)
-    benchmarks.register(tools)
-    secrets.register(tools)
-    text = instructions(served, tools.tools)
-    extensions = [ChartApps(tools.tools)] if chart_apps else []  # MCP Apps: charts for the hosts that draw them
+    tools = served_tools(core, served)
+    text = instructions(served, tools)
+    extensions = [ChartApps(tools, core=core)] if chart_apps else []  # MCP Apps: charts for the hosts that draw them
     return MCPServer(
-        SERVER_NAME, instructions=text, version="0.1.0", lifespan=lifespan, tools=tools.tools, extensions=extensions
+        SERVER_NAME, instructions=text, version="0.1.0", lifespan=lifespan, tools=tools, extensions=extensions
     )

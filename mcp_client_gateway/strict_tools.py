@@ -7,8 +7,10 @@ steered by injected text should meet a closed door instead, so every tool here i
 
 - the argument model is a subclass of the SDK's with ``extra="forbid"``, ``strict=True`` and
   ``allow_inf_nan=False``; the published ``inputSchema`` is regenerated from it (``additionalProperties:
-  false``). ``FuncMetadata``'s fields are documented as read live, and ``Tool`` is public, so this is
-  configuration of the SDK's own objects, not a patch of its internals;
+  false``) and compacted (``tool_schema``: no titles, nullable wrappers or patterns; the model gets the
+  structure, the server still enforces all of the model's schema). ``FuncMetadata``'s fields are documented as
+  read live, and ``Tool`` is public, so this is configuration of the SDK's own objects, not a patch of its
+  internals;
 - the JSON-in-a-string pre-parse is turned off (``_NoPreParse``): a list is a list, text stays text;
 - a refused call is the gateway's error shape (``errors.GatewayError``): one line naming the argument, the
   problem in plain words and the fix (``[invalid_argument] ttl_hours: is not a number. Fix: send a number from
@@ -37,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from mcp_client_gateway.errors import Fix, GatewayError, ParamRef, ToolRef, parse_line
 from mcp_client_gateway.interface_words import PATTERN_WORDS
 from mcp_client_gateway.log_hygiene import clean_text
+from mcp_client_gateway.tool_schema import compact_schema, compact_text
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import Context
@@ -227,8 +230,15 @@ class StrictTool(Tool):
             output_model=loose.output_model,
             wrap_output=loose.wrap_output,
         )
-        tool.parameters = closed.model_json_schema(by_alias=True)
+        tool.parameters = compact_schema(closed.model_json_schema(by_alias=True))
+        tool.description = compact_text(tool.description)
         return tool
+
+    @property
+    def enforced_schema(self) -> dict[str, Any]:
+        """The full JSON schema the arguments are validated against; ``parameters`` publishes its compact form
+        (``tool_schema``), without the patterns and length caps."""
+        return self.fn_metadata.arg_model.model_json_schema(by_alias=True)
 
     async def run(self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False) -> Any:
         try:

@@ -56,6 +56,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen.generator import LoadGenerator, Target
 from node_agent.answers import TASK_ACTIONS, TaskAnswer, fit_lines, shrink_result
+from node_agent.boot_trace import read_boot_trace
 from node_agent.bundle_keeper import BundleKeeper, KeptBundle, node_bundle_keeper
 from node_agent.event_key import read_event_key
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
@@ -226,6 +227,7 @@ class NodeAgent:
         event_key: str | None = None,
         bundles: BundleKeeper | None = None,
         telemetry: TelemetrySampler | None = None,
+        boot_trace: str = "",
     ) -> None:
         self.bus = bus
         self.deployment_id = deployment_id
@@ -239,6 +241,7 @@ class NodeAgent:
         self._system = system
         self._boot = boot
         self._booted_published = False
+        self._boot_trace = boot_trace  # the controller's span that created this node (untrusted; node_agent.boot_trace)
         self.control: RunControl | None = None
         self.stopping = threading.Event()
         self.container = container
@@ -598,7 +601,8 @@ class NodeAgent:
             node=self.node_name[:200],
             system=self._system(),
         )
-        self._booted_published = self._publish(event)
+        with delivery_span("node-agent boot", {TRACEPARENT: self._boot_trace}, node=event.node):  # the deploy's trace
+            self._booted_published = self._publish(event)
         return self._booted_published
 
     def publish_pending_tasks(self) -> int:
@@ -704,8 +708,7 @@ def main() -> int:
     _log_and_trace(settings)
     agent_settings = NodeAgentSettings()
     api_key = _read_key(agent_settings.node_api_key_file)  # the master, as vLLM was started with it
-    # The serving port (the serving proxy) takes only this deployment's own key, derived from the master.
-    serving_key = deployment_api_key(api_key, agent_settings.deployment_id) if api_key else None
+    serving_key = deployment_api_key(api_key, agent_settings.deployment_id) if api_key else None  # what the proxy takes
     event_key = read_event_key()
     for secret in (api_key, serving_key, event_key):
         register_secret(secret)
@@ -743,6 +746,7 @@ def main() -> int:
         event_key=event_key,
         bundles=bundles,
         telemetry=start_sampler(agent_settings, runtime.clock, stop),  # TPU telemetry, on a thread of its own
+        boot_trace=read_boot_trace(),
     )
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -19,6 +19,7 @@ from shared.domain.health import ProbeResult
 from shared.domain.models import (
     Backend,
     BenchmarkRun,
+    CalendarWindow,
     CommandRecord,
     DeploymentRecord,
     Lease,
@@ -33,6 +34,7 @@ from shared.domain.sli_metrics import MetricPoint
 
 __all__ = [
     "NODE_CHANNEL_PREFIX",
+    "CalendarReservations",
     "CapacityAdvice",
     "Clock",
     "CommandBus",
@@ -345,6 +347,35 @@ class CapacityAdvice(Protocol):
     def obtainability(self, accelerator: str, tier: Tier, zones: Sequence[str]) -> dict[str, float]:
         """Zone -> obtainability in [0, 1] for the zones the source scored. Never raises: when advice is
         unavailable (permission, API off, a beta error) the answer is ``{}`` and the search runs as without it."""
+        ...
+
+
+class CalendarReservations(Protocol):
+    """Calendar-mode future reservations (Compute Engine): where and when a window is free, booking it, its state
+    and its release. Errors are classified ``CloudError``s (a refused booking names the field)."""
+
+    def earliest_window(
+        self, accelerator: str, zones: Sequence[str], *, days: int, not_before: datetime
+    ) -> CalendarWindow | None:
+        """The allowed zone with the earliest ``days``-long window for one slice of ``accelerator`` starting at or
+        after ``not_before`` (within 120 days); None when no zone has one."""
+        ...
+
+    def book(self, name: str, accelerator: str, window: CalendarWindow, *, request_id: str) -> None:
+        """Submit the future reservation ``name`` (its reservation has the same name) for ``window``. Booking a name
+        that already exists with the same window is success (a retried insert); with another window it is refused."""
+        ...
+
+    def procurement(self, zone: str, name: str) -> str | None:
+        """The booking's ``procurementStatus`` (PENDING_APPROVAL, APPROVED, FULFILLED, DECLINED, ...); None: gone."""
+        ...
+
+    def release(self, zone: str, name: str) -> None:
+        """Delete the booking (and with it its reservation); a booking already gone is success."""
+        ...
+
+    def list_names(self, zones: Sequence[str]) -> list[tuple[str, str]]:
+        """(zone, name) of every future reservation in ``zones`` (the janitor's orphan sweep)."""
         ...
 
 

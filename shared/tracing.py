@@ -10,6 +10,12 @@ Where spans go is configuration (``TPUCTL_TRACE_EXPORT``): ``none`` (the default
 ``stdout`` (one JSON object per span), ``file:<path>`` (the same, appended to a file; the twin's processes share
 one), or ``cloud-trace`` (Cloud Trace, through its OpenTelemetry exporter, with the process's credentials).
 
+A deployment's later work joins the trace of the command that set it going: the command's ``traceparent`` is kept
+on the deployment record, and each tick's share of work for that deployment runs in a :func:`deployment_span` under
+it (linked to the tick's own span). A TPU VM gets the ``traceparent`` of the pass that created it as instance
+metadata (:func:`node_trace_metadata`, ``tpuctl-traceparent``; a trace context is no secret), and its node agent
+reports its boot under it.
+
 A ``traceparent`` from a TPU VM is untrusted like everything else it sends: it is parsed by the W3C propagator,
 which ignores anything malformed (the span then starts a new trace); it can only ever name a parent.
 """
@@ -32,16 +38,21 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 __all__ = [
     "TRACEPARENT",
+    "TRACEPARENT_METADATA",
     "TRACE_EXPORTS",
     "check_trace_export",
     "configure_tracing",
+    "current_traceparent",
     "delivery_span",
+    "deployment_span",
     "flush_traces",
+    "node_trace_metadata",
     "traced",
     "with_trace_context",
 ]
 
 TRACEPARENT = "traceparent"
+TRACEPARENT_METADATA = "tpuctl-traceparent"  # the VM instance metadata key its node agent reads
 TRACE_EXPORTS = ("none", "stdout", "file:<path>", "cloud-trace")
 _EXPORT = re.compile(r"^(none|stdout|cloud-trace|file:.+)$")
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -101,6 +112,17 @@ def with_trace_context(attributes: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def current_traceparent() -> str | None:
+    """The current span's ``traceparent``, or None when no span is recording."""
+    return with_trace_context({}).get(TRACEPARENT)
+
+
+def node_trace_metadata() -> dict[str, str]:
+    """Instance metadata naming the current span as the parent of a new node's boot (empty without a span)."""
+    traceparent = current_traceparent()
+    return {TRACEPARENT_METADATA: traceparent} if traceparent else {}
+
+
 @contextmanager
 def delivery_span(name: str, attributes: Mapping[str, str], **labels: str) -> Iterator[Any]:
     """A consumer span for one delivery, child of the ``traceparent`` it carries (if well-formed)."""
@@ -108,6 +130,24 @@ def delivery_span(name: str, attributes: Mapping[str, str], **labels: str) -> It
     tracer = trace.get_tracer(_TRACER)
     with tracer.start_as_current_span(
         name, context=parent, kind=trace.SpanKind.CONSUMER, attributes={k: v for k, v in labels.items() if v}
+    ) as span:
+        yield span
+
+
+@contextmanager
+def deployment_span(traceparent: str | None, name: str, *, join: bool = True, **labels: str) -> Iterator[Any]:
+    """One deployment's share of a tick: a child of its command's span (``traceparent``, from the record) linked to
+    the tick's, while ``join``; otherwise (or when ``traceparent`` is missing or malformed) a child of the tick's span,
+    linked to the command's when there is one."""
+    command = trace.get_current_span(_PROPAGATOR.extract({TRACEPARENT: traceparent} if traceparent else {}))
+    command_context, tick_context = command.get_span_context(), trace.get_current_span().get_span_context()
+    joined = join and command_context.is_valid
+    other = tick_context if joined else command_context
+    with trace.get_tracer(_TRACER).start_as_current_span(
+        name,
+        context=trace.set_span_in_context(command) if joined else None,
+        links=[trace.Link(other)] if other.is_valid else None,
+        attributes={k: v for k, v in labels.items() if v},
     ) as span:
         yield span
 
@@ -161,4 +201,8 @@ def _span_record(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
         "attributes": {key: str(value) for key, value in (span.attributes or {}).items()},
+        "links": [
+            {"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+            for link in span.links
+        ],
     }

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.config import Settings, get_settings
 from shared.ports import (
+    CalendarReservations,
     CapacityAdvice,
     Clock,
     CommandBus,
@@ -59,6 +60,7 @@ def serving_environment(settings: Settings) -> ServingEnvironment:
         node_agent_bundle=settings.node_agent_bundle or "",
         node_agent_bundle_sha256=settings.node_agent_bundle_sha256 or "",
         debug_bundle_bucket=settings.debug_bundle_bucket or "",
+        trace_export=settings.trace_export,  # the node agents export where the controller does (Cloud Trace)
         bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
     )
 
@@ -217,6 +219,7 @@ class Runtime:
             channels=self.node_channels,
             node_metadata=self.node_metadata,
             advice=self.capacity_advice,
+            calendar=self.calendar,
         )
 
     @cached_property
@@ -225,6 +228,13 @@ class Runtime:
         from shared.adapters.compute_advice import ComputeCapacityAdvice
 
         return ComputeCapacityAdvice(self.project, self.clock, endpoint=self.settings.tpu_endpoint)
+
+    @cached_property
+    def calendar(self) -> CalendarReservations:
+        """Compute Engine's calendar-mode future reservations (book, watch, release a deployment's window)."""
+        from shared.adapters.compute_calendar import ComputeCalendarReservations
+
+        return ComputeCalendarReservations(self.project, endpoint=self.settings.tpu_endpoint)
 
     def node_metadata(self, deployment_id: str) -> dict[str, str]:
         """Instance metadata every node of a deployment gets beside its startup script: its event key."""

@@ -9,7 +9,9 @@ and the virtual time, so they never disturb the world's RNG and the same calls g
 
 A future reservation in calendar mode holds on-demand chips of its zone from its start time to its end time
 and puts them in the pool ``reservation:<reservationName>``, which ``RESERVATION_BOUND`` instances naming that
-reservation consume; deleting it (or its end) gives the chips back.
+reservation consume; deleting it (or its end) gives the chips back. From its approval to its end (or its
+deletion) the zone has that reservation as if the scenario declared it (:func:`booked_reservations`), as Compute
+Engine creates a booking's reservation at approval, inactive until the start time.
 """
 
 from __future__ import annotations
@@ -21,16 +23,19 @@ from typing import Any
 
 from localcloud.tpu_sim.compute_render import zone_url
 from localcloud.tpu_sim.compute_validation import MACHINE_TYPES, ComputeApiError
-from localcloud.tpu_sim.kernel import PoolKey, SimKernel
+from localcloud.tpu_sim.kernel import LABEL_DEPLOYMENT, PoolKey, SimKernel
 from localcloud.tpu_sim.scenario import Scenario
 from localcloud.tpu_sim.wire import SimApiError, format_time, parse_duration, parse_time
+from shared.domain.calendar_mode import owner_of
 
 __all__ = [
     "DAY_S",
     "MAX_LEAD_S",
     "FutureReservation",
     "ReservationBook",
+    "booked_reservations",
     "calendar_advice",
+    "calendar_bookings",
     "capacity_advice",
     "capacity_history",
     "check_period",
@@ -271,6 +276,18 @@ class ReservationBook:
 
 
 _BOOKS: weakref.WeakKeyDictionary[SimKernel, ReservationBook] = weakref.WeakKeyDictionary()
+_RESERVATION_EXISTS = frozenset({"APPROVED", "PROVISIONING", "FULFILLED"})
+
+
+def calendar_bookings(kernel: SimKernel) -> list[tuple[str, str, str, dict[str, str]]]:
+    """tpuctl's bookings (``tpuctl-cal-<deployment>``) still held, as the invariants' resources: one no live deployment
+    holds is an orphan like a queued resource. Other names are someone else's and not counted."""
+    held = []
+    for item in reservation_book(kernel).items.values():
+        owner = owner_of(item.name)
+        if owner is not None and item.end_s > kernel.now_s:
+            held.append(("future_reservation", item.zone, item.name, {LABEL_DEPLOYMENT: owner}))
+    return held
 
 
 def reservation_book(kernel: SimKernel) -> ReservationBook:
@@ -280,6 +297,19 @@ def reservation_book(kernel: SimKernel) -> ReservationBook:
         book = ReservationBook(kernel.pools)
         _BOOKS[kernel] = book
     return book
+
+
+def booked_reservations(kernel: SimKernel, zone: str) -> frozenset[str]:
+    """The reservations future reservations created in ``zone``: from approval until the booking's end, its
+    deletion, or its decline or failure (then the name is unknown again, unless the scenario declares it)."""
+    book = _BOOKS.get(kernel)
+    if book is None or book.pools is not kernel.pools:
+        return frozenset()
+    return frozenset(
+        str(item.body["reservationName"])
+        for item in book.items.values()
+        if item.zone == zone and item.procurement in _RESERVATION_EXISTS and kernel.now_s < item.end_s
+    )
 
 
 # --------------------------------------------------------------------------------------- advice.calendarMode

@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from localcloud.tpu_sim.advice import booked_reservations
 from localcloud.tpu_sim.compute_render import (
     ComputeOperation,
     SimInstance,
@@ -200,7 +201,7 @@ class ComputeEngine:
 
     def _insert(self, zone: str, body: Any, request_id: str | None) -> dict[str, Any]:
         kernel = self.kernel
-        request = parse_insert(self.scenario, zone, body)
+        request = parse_insert(self.scenario, zone, body, booked_reservations(kernel, zone))
         name, model = request.name, request.model
         if (zone, name) in self._instances:
             raise ComputeApiError(

@@ -139,8 +139,9 @@ class InsertRequest:
     reservation: str | None
 
 
-def parse_insert(scenario: Scenario, zone: str, body: Any) -> InsertRequest:
-    """Every check of an insert that needs only the scenario, in Compute Engine's order."""
+def parse_insert(scenario: Scenario, zone: str, body: Any, booked: frozenset[str] = frozenset()) -> InsertRequest:
+    """Every check of an insert that needs only the scenario, in Compute Engine's order; ``booked`` are the zone's
+    reservations future reservations created (consumable as if the scenario declared them)."""
     if not isinstance(body, dict):
         raise _invalid("Invalid JSON payload: the body must be an Instance")
     name = body.get("name")
@@ -163,7 +164,7 @@ def parse_insert(scenario: Scenario, zone: str, body: Any) -> InsertRequest:
     reservation: str | None = None
     pool = _POOL_OF_MODEL.get(model, "")
     if model == "RESERVATION_BOUND":
-        reservation = _parse_reservation(scenario, zone, spec, body)
+        reservation = _parse_reservation(scenario, zone, (*spec.reservations, *booked), body)
         pool = f"reservation:{reservation}"
     family = accelerator.rsplit("-", 1)[0]
     return InsertRequest(
@@ -225,7 +226,7 @@ def _check_termination(model: str, action: str, max_run: float | None, valid_for
         )
 
 
-def _parse_reservation(scenario: Scenario, zone: str, spec: ZoneSpec, body: dict[str, Any]) -> str:
+def _parse_reservation(scenario: Scenario, zone: str, known: tuple[str, ...], body: dict[str, Any]) -> str:
     affinity = body.get("reservationAffinity") or {}
     values = affinity.get("values") if isinstance(affinity, dict) else None
     if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION" or not values:
@@ -234,7 +235,7 @@ def _parse_reservation(scenario: Scenario, zone: str, spec: ZoneSpec, body: dict
             "consumeReservationType=SPECIFIC_RESERVATION and the reservation name in values."
         )
     reservation = str(values[0]).rsplit("/", 1)[-1]
-    if reservation not in spec.reservations:
+    if reservation not in known:
         raise ComputeApiError(
             404,
             f"The resource 'projects/{scenario.project}/zones/{zone}/reservations/{reservation}' was not found",

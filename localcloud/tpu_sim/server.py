@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import ValidationError
 
+from localcloud.tpu_sim.advice import booked_reservations
 from localcloud.tpu_sim.compute_wire import COMPUTE_PREFIXES, compute_dispatch
 from localcloud.tpu_sim.quotas_wire import QUOTAS_PREFIX, quotas_dispatch
 from localcloud.tpu_sim.routing import compile_routes, find_route
@@ -176,7 +177,9 @@ def _get_location(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
 
 def _list_reservations(w: World, p: dict[str, str], q: Query, b: Any) -> Result:
     spec = w.scenario.zones.get(p["zone"])
-    names = spec.reservations if spec else ()
+    with w.kernel.transaction():
+        booked = booked_reservations(w.kernel, p["zone"])
+    names = (*spec.reservations, *sorted(booked - set(spec.reservations))) if spec else ()
     parent = f"projects/{p['project']}/locations/{p['zone']}"
     return 200, {"reservations": [{"name": f"{parent}/reservations/{name}"} for name in names]}
 

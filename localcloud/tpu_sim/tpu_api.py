@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from localcloud.tpu_sim.advice import booked_reservations
 from localcloud.tpu_sim.kernel import SimKernel, SimNode
 from localcloud.tpu_sim.scenario import Scenario
 from localcloud.tpu_sim.tpu_lifecycle import TpuResources
@@ -95,7 +96,7 @@ class TpuApi:
         for node_id, _ in node_specs:
             if (zone, node_id) in tpu.nodes:
                 raise SimApiError(409, f"Resource '{parent}/nodes/{node_id}' already exists")
-        flex_refused = check_provisioning(zone, spec, model, accelerator, pool, body)
+        flex_refused = check_provisioning(zone, spec, model, accelerator, pool, body, booked_reservations(kernel, zone))
         tpu.check_quota(zone, family, tier, chips * len(node_specs))
         tpu.check_queued_limit(zone)
         tpu.check_rate()
@@ -272,7 +273,7 @@ class TpuApi:
         check_accelerator(zone, spec, accelerator, runtime, kernel.eid)
         if (zone, node_id) in tpu.nodes:
             raise SimApiError(409, f"Resource '{tpu.parent(zone)}/nodes/{node_id}' already exists")
-        tier, pool = parse_node_tier(scheduling, spec)
+        tier, pool = parse_node_tier(scheduling, spec, booked_reservations(kernel, zone))
         tpu.check_quota(zone, family, tier, chips)
         tpu.check_rate()
         node = tpu.make_node(zone, node_id, body, accelerator, family, chips, api_version)

@@ -282,9 +282,16 @@ def parse_queueing(policy: Any, now: float) -> tuple[float | None, float | None]
 
 
 def check_provisioning(
-    zone: str, spec: ZoneSpec, model: str, accelerator: str, pool: str, body: dict[str, Any]
+    zone: str,
+    spec: ZoneSpec,
+    model: str,
+    accelerator: str,
+    pool: str,
+    body: dict[str, Any],
+    booked: frozenset[str] = frozenset(),
 ) -> bool:
-    """The zone offers the model and the reservation; -> True when a flex-start refusal comes as an operation."""
+    """The zone offers the model and the reservation (declared, or one of ``booked``: created by a future
+    reservation); -> True when a flex-start refusal comes as an operation."""
     flex_refused = model == "flex_start" and "flex_start" not in spec.provisioning_models
     if model not in spec.provisioning_models and not (flex_refused and spec.flex_refusal == "operation"):
         raise SimApiError(
@@ -292,19 +299,23 @@ def check_provisioning(
             f'{model.upper()} provisioning model is not supported for accelerator type "{accelerator}" in '
             f'location "{zone}"',
         )
-    if pool.startswith("reservation:") and pool.split(":", 1)[1] not in spec.reservations:
+    if pool.startswith("reservation:") and pool.split(":", 1)[1] not in (*spec.reservations, *booked):
         raise SimApiError(
             400, f"Cloud TPU received a bad request. Reservation {body.get('reservationName')!r} was not found"
         )
     return flex_refused
 
 
-def parse_node_tier(scheduling: dict[str, Any], spec: ZoneSpec) -> tuple[str, str]:
-    """A node's ``schedulingConfig`` -> (tier, pool)."""
+def parse_node_tier(
+    scheduling: dict[str, Any], spec: ZoneSpec, booked: frozenset[str] = frozenset()
+) -> tuple[str, str]:
+    """A node's ``schedulingConfig`` -> (tier, pool); ``reserved`` takes the zone's first reservation, declared
+    first, then those future reservations created (``booked``)."""
     if scheduling.get("spot") or scheduling.get("preemptible"):
         return "spot", "spot"
     if scheduling.get("reserved"):
-        return "reservation", f"reservation:{spec.reservations[0] if spec.reservations else ''}"
+        known = (*spec.reservations, *sorted(booked))
+        return "reservation", f"reservation:{known[0] if known else ''}"
     return "on_demand", "on_demand"
 
 

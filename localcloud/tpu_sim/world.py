@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from localcloud.tpu_sim.advice import calendar_bookings
 from localcloud.tpu_sim.compute import ComputeEngine
 from localcloud.tpu_sim.kernel import LABEL_DEPLOYMENT, NodeEvent, SimKernel, SimNode, leftover_entry
 from localcloud.tpu_sim.scenario import FaultSpec, Scenario, load_scenario
@@ -334,6 +335,7 @@ class World(TpuApi):
             instance_leftovers: list[dict[str, Any]] = []
             instance_active: dict[str, list[str]] = {}
             self.compute.add_invariants(resources, instance_leftovers, instance_active, max_leftover_s)
+            resources += calendar_bookings(self.kernel)
             orphans = _orphans(resources, live)
             leftovers = [*self._tpu_leftovers(max_leftover_s), *instance_leftovers]
             duplicates = self._duplicate_active(instance_active)

@@ -29,6 +29,7 @@ from shared.domain.prices import PRICE_TABLE_DATE, price_per_chip_hour, price_ro
 from shared.logging import register_secret
 from shared.messages import decode_message, encode_message, message_attributes, new_command_id, topic_for
 from shared.ports import (
+    CalendarReservations,
     Clock,
     CommandBus,
     DebugBundles,
@@ -94,6 +95,8 @@ class GatewayPorts:
     """The Billing Catalog prices the controller uses; None: the dated table (said so in every result)."""
     debug_bundles: DebugBundles | None = None
     """Where node agents keep debug bundles; None: none is configured (tpu_debug_bundle then says so)."""
+    calendar: CalendarReservations | None = None
+    """Calendar-mode windows for the plan's quote and a confirmed booking; None: the plan says there is none."""
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -30,7 +30,15 @@ from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
 from mcp_client_gateway.errors import Fix, GatewayError, ToolRef
 from mcp_client_gateway.models import CommandAccepted, SpecChange, UpdateAccepted
-from shared.domain.models import DeploymentRecord, DeploymentSpec, Desired, Phase, QueuedResourceState, ResourceRef
+from shared.domain.models import (
+    DeploymentRecord,
+    DeploymentSpec,
+    Desired,
+    Phase,
+    QueuedResourceState,
+    ResourceRef,
+    Tier,
+)
 from shared.domain.spec_change import needs_new_generation
 
 __all__ = ["CLEARABLE", "UPDATABLE", "Deployments", "describe_changes"]
@@ -94,8 +102,11 @@ class Deployments:
         command_id: str | None = None,
         valid_until_minutes: int | None = None,
         alternative_accelerators: Sequence[str] | None = None,
+        book_calendar: bool = False,
+        confirm: str | None = None,
     ) -> CommandAccepted:
-        """Validate a deployment spec, check it can work, and publish ``deployment.create``."""
+        """Validate a deployment spec, check it can work, and publish ``deployment.create``; with ``book_calendar``
+        only once ``confirm`` is a token for booking exactly the window the plan quotes (``capabilities.calendar``)."""
         deployment_id = bounds.deployment_id(deployment_id)
         model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
         alternatives = checked_alternatives(accelerator, alternative_accelerators)
@@ -136,9 +147,37 @@ class Deployments:
         self._check_can_create(deployment_id, model, accelerator, message.spec)
         self.plans.check_alternatives(message.spec)  # each alternative fits at the chosen context, else refused
         self._check_hf_token_for(model)
+        if bounds.flag("book_calendar", book_calendar):
+            booked = {**spec, **self._calendar_terms(message.spec, confirm)}
+            message = self.publisher.validated(
+                {"kind": "deployment.create", "deployment_id": deployment_id, "spec": booked}, command_id
+            )
         return self.publisher.publish(
             message, "Poll tpu_get_operation with this command_id; capacity search can take minutes."
         )
+
+    def _calendar_terms(self, spec: DeploymentSpec, confirm: str | None) -> dict[str, Any]:
+        """The spec fields of a confirmed calendar booking: the window, its reservation first among the tiers."""
+        if spec.reservation_name is not None:
+            raise GatewayError(
+                "invalid_argument",
+                "reservation_name",
+                "is set together with book_calendar",
+                "leave reservation_name out: the booked window's reservation is named for you",
+            )
+        calendar = self.plans.calendar
+        view = calendar.quote(spec.accelerator, spec.chips, spec.zones, spec.ttl_hours)
+        window, name = calendar.booking(spec.deployment_id, view)
+        state = calendar.state(view)
+        if confirm is None or confirm == "":
+            impact = calendar.impact(spec.deployment_id, spec.accelerator, view)
+            raise self.confirmations.refusal(
+                self.confirmations.issue("book_calendar", spec.deployment_id, state, impact)
+            )
+        changed = "the quoted window or its price changed; look at the new quote"
+        self.confirmations.check(confirm, "book_calendar", spec.deployment_id, state, changed=changed)
+        tiers = [Tier.RESERVATION.value, *(tier.value for tier in spec.tiers if tier is not Tier.RESERVATION)]
+        return {"calendar": window.model_dump(mode="json"), "reservation_name": name, "tiers": tiers[:4]}
 
     def _check_can_create(self, deployment_id: str, model: str, accelerator: str, spec: Any) -> None:
         """Refuse a create whose id is taken or whose model does not fit the slice."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.calendar import CalendarQuotes
 from mcp_client_gateway.capabilities.capacity import Capacity, given_scope
 from mcp_client_gateway.capabilities.checks import (
     ARTIFACT_KINDS,
@@ -56,6 +57,7 @@ class Plans:
         self.environment = environment
         """The serving environment the controller deploys with (``shared.wiring.serving_environment``)."""
         self.capacity = Capacity(ports)
+        self.calendar = CalendarQuotes(ports)
 
     def plan(
         self,
@@ -110,7 +112,6 @@ class Plans:
             },
         )
         plan = self.serving_plan(spec)
-        capacity = plan.capacity
         prices = pricing(self.ports)
         costs = _cost_views(plan, tokens_per_second, prices)
         return PlanView(
@@ -120,11 +121,11 @@ class Plans:
             chips=plan.slice.chips,
             topology=plan.slice.topology,
             fits=plan.fits,
-            reasons=list(capacity.reasons),
+            reasons=list(plan.capacity.reasons),
             smallest_fitting_slice=plan.smallest_fitting_slice,
             alternatives=self.check_alternatives(spec),
-            capacity=_capacity_view(capacity),
-            hbm_table=capacity.table(),
+            capacity=_capacity_view(plan.capacity),
+            hbm_table=plan.capacity.table(),
             image=plan.launch.image,
             argv=list(plan.launch.argv),
             env=dict(plan.launch.env),
@@ -136,6 +137,7 @@ class Plans:
             plan_hash=plan.plan_hash,
             search_scope=scope or given_scope(zones),
             clock_warning=clock_warning(self.ports, ttl_hours),
+            calendar=self.calendar.quote(plan.slice.name, plan.slice.chips, spec.zones, ttl_hours),
         )
 
     def render_artifacts(

@@ -33,7 +33,7 @@ class TraceEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    timestamp: float = Field(description="Arrival, seconds (only differences matter).", ge=0, le=1e10)
+    timestamp: float = Field(description="Arrival in seconds.", ge=0, le=1e10)
     input_len: int = Field(description="Prompt tokens.", ge=bounds.INPUT_LEN[0], le=bounds.INPUT_LEN[1])
     output_len: int = Field(description="Generated tokens.", ge=bounds.OUTPUT_LEN[0], le=bounds.OUTPUT_LEN[1])
 
@@ -41,23 +41,22 @@ class TraceEntry(BaseModel):
 WorkloadArg = Annotated[
     Literal["random", "shared_prefix", "multi_turn", "trace"],
     Field(
-        description="random: distinct prompts; shared_prefix: a common prefix (prefix_len, prefix_share) the "
-        "prefix cache can reuse; multi_turn: sessions of 'turns' requests, each resending its history; trace: "
-        "replay 'trace' at its timestamps."
+        description="shared_prefix: prompts share a prefix; multi_turn: sessions resending their history; "
+        "trace: replay trace."
     ),
 ]
 PrefixLenArg = Annotated[
-    int | None, Field(description="shared_prefix: tokens of the common prefix, below input_len.", ge=1, le=131071)
+    int | None, Field(description="shared_prefix: prefix tokens, below input_len.", ge=1, le=131071)
 ]
 PrefixShareArg = Annotated[
-    float | None, Field(description="shared_prefix: fraction of requests that carry the prefix (0-1).", ge=0, le=1)
+    float | None, Field(description="shared_prefix: share of requests with the prefix.", ge=0, le=1)
 ]
 TurnsArg = Annotated[
     int | None, Field(description="multi_turn: requests per session.", ge=bounds.TURNS[0], le=bounds.TURNS[1])
 ]
 TraceArg = Annotated[
     list[TraceEntry] | None,
-    Field(description="trace: the requests to replay, in timestamp order.", max_length=bounds.TRACE_REQUESTS),
+    Field(description="trace: the requests to replay.", max_length=bounds.TRACE_REQUESTS),
 ]
 
 
@@ -91,7 +90,7 @@ def _register_run(tools: ToolSet) -> None:
         async def tpu_run_benchmark(
             deployment_id: DeploymentIdArg,
             mode: Annotated[
-                Literal["concurrency", "rate"], Field(description="Sweep over concurrency levels or request rates.")
+                Literal["concurrency", "rate"], Field(description="Sweep concurrency levels or request rates.")
             ] = "concurrency",
             concurrency: Annotated[
                 list[Annotated[int, Field(ge=bounds.CONCURRENCY_LEVEL[0], le=bounds.CONCURRENCY_LEVEL[1])]],
@@ -124,11 +123,9 @@ def _register_run(tools: ToolSet) -> None:
             trace: TraceArg = None,
             command_id: CommandIdArg = None,
         ) -> Annotated[CallToolResult, CommandAccepted]:
-            """Benchmark a SERVING deployment on its own VM (no network in the measurement): TTFT, TPOT, ITL,
-            E2EL percentiles, throughput, goodput, the server's prefix-cache hit rate against the client's
-            expectation, tokens/s per chip and $ per million output tokens (also at the SLO) per level. Returns
-            command_id at once (it is the run id); a sweep takes minutes. Follow with tpu_get_operation, then read
-            tpu_get_benchmark."""
+            """Benchmark a SERVING deployment from its own VM: latency percentiles, throughput, goodput,
+            prefix-cache hits and $ per million tokens per level. Returns command_id (the run id) at once; follow
+            with tpu_get_operation, then tpu_get_benchmark."""
             benchmark: dict[str, Any] = {
                 "mode": mode,
                 "concurrency": concurrency,
@@ -161,8 +158,8 @@ def _register_get(tools: ToolSet) -> None:
             ),
         ],
     ) -> Annotated[CallToolResult, BenchmarkView]:
-        """One benchmark run: status, request, full result per level, the plan it ran with (model, slice,
-        tier, vLLM version, flags), headline numbers and the % change from the previous run. Read-only."""
+        """One benchmark run: status, settings, results per level, the plan it ran with, headline numbers and
+        the change from the previous run."""
         view = await run(lambda: core.get_benchmark(run_id))
         figures = ", ".join(f"{k} {v:g}" for k, v in list(view.headline.items())[:4]) or "no figures yet"
         bound = throughput_bound_line(view.result)
@@ -188,7 +185,7 @@ def _register_compare(tools: ToolSet) -> None:
             int, Field(description="At most this many runs.", ge=bounds.COMPARE_LIMIT[0], le=bounds.COMPARE_LIMIT[1])
         ] = 20,
     ) -> Annotated[CallToolResult, BenchmarkComparison]:
-        """Benchmark runs side by side across deployments, models and slices (newest first) with the best run
-        per headline metric: peak throughput, TTFT, ITL. Read-only."""
+        """Benchmark runs side by side, newest first, with the best run per headline metric (throughput, TTFT,
+        ITL)."""
         comparison = await run(lambda: core.compare_benchmarks(deployment_id=deployment_id, model=model, limit=limit))
         return tool_result(comparison, f"{len(comparison.rows)} run(s) compared.")

@@ -48,13 +48,11 @@ def _register_zones(tools: ToolSet) -> None:
         tier: Annotated[TierChoice | None, Field(description="Only this capacity tier.")] = None,
         live_quota: Annotated[
             bool,
-            Field(description="Read quota limits (Cloud Quotas API) and usage (TPU API nodes) now; false: skip."),
+            Field(description="Read the live quota and usage now."),
         ] = True,
     ) -> Annotated[CallToolResult, ZonesView]:
-        """Zones for an accelerator with the slice price per hour by tier (dated table), what the capacity
-        search learned (stockout cooldowns, quota and permission blocks with reasons and expiry) and the live
-        quota: limit, chips in use, headroom and the slice shapes that still fit, per tier. Read-only.
-        Use it to choose zones for tpu_create_deployment."""
+        """Zones for a slice type: price per hour by tier, what the capacity search learned (stockouts, quota
+        blocks) and live quota headroom. Use it to pick zones for tpu_create_deployment."""
         view = await run(lambda: core.list_zones(accelerator=accelerator, tier=tier, live_quota=live_quota))
         open_zones = [z.zone for z in view.zones if z.available]
         summary = f"{len(view.zones)} zone(s) for {accelerator}; {len(open_zones)} not blocked."
@@ -79,15 +77,14 @@ def _register_plan(tools: ToolSet) -> None:
         zones: Annotated[
             ZonesArg | None,
             Field(
-                description="Zones to price (their regions' prices); default: every zone where the slice fits "
-                "the live quota (search_scope).",
+                description="Zones to price; default: every zone the live quota allows.",
                 min_length=1,
                 max_length=bounds.MAX_ZONES,
             ),
         ] = None,
         tiers: Annotated[
             list[TierChoice] | None,
-            Field(description="Tiers to price; default all but reservation.", max_length=bounds.MAX_TIERS),
+            Field(description="Tiers to price; default: all but reservation.", max_length=bounds.MAX_TIERS),
         ] = None,
         max_model_len: Annotated[
             int | None,
@@ -98,7 +95,7 @@ def _register_plan(tools: ToolSet) -> None:
         gpu_memory_utilization: Annotated[
             float | None,
             Field(
-                description="Share of HBM vLLM may use (0.5-0.98).",
+                description="Share of HBM vLLM may use.",
                 ge=bounds.GPU_MEMORY_UTILIZATION[0],
                 le=bounds.GPU_MEMORY_UTILIZATION[1],
             ),
@@ -117,11 +114,9 @@ def _register_plan(tools: ToolSet) -> None:
         ] = None,
         alternative_accelerators: AlternativeAcceleratorsArg = None,
     ) -> Annotated[CallToolResult, PlanView]:
-        """Decide before spending: does the model fit the slice (per-chip HBM table: weights, KV cache, free
-        space, KV tokens, full-context sequences) and if not the smallest slice that does; the exact vLLM
-        flags and pinned image; and the price per hour, day, TTL and million tokens per region and tier.
-        Without zones, search_scope lists every zone where the slice fits the live quota (what a create without
-        zones searches) and the zones left out, with why. Read-only; creates nothing."""
+        """Plan before spending: whether the model fits the slice (HBM, KV cache) or the smallest that does,
+        the vLLM flags, prices per hour, day and million tokens by region and tier, and the zones a create
+        would search. Creates nothing."""
         plan = await run(
             lambda: core.plan(
                 model=model,
@@ -160,14 +155,14 @@ def _register_render(tools: ToolSet) -> None:
             str | None,
             Field(description="A stored deployment to render.", pattern=ID_PATTERN, max_length=40),
         ] = None,
-        model: Annotated[ModelChoice | None, Field(description="Or: a model preset (with accelerator).")] = None,
-        accelerator: Annotated[AcceleratorChoice | None, Field(description="Slice type when model is given.")] = None,
+        model: Annotated[ModelChoice | None, Field(description="Or a model preset (with accelerator).")] = None,
+        accelerator: Annotated[AcceleratorChoice | None, Field(description="Slice type, with model.")] = None,
         kind: Annotated[
             Literal["startup_script", "gke_manifest", "both"], Field(description="Which artefact.")
         ] = "both",
     ) -> Annotated[CallToolResult, ArtifactsView]:
-        """Render the TPU VM startup script and/or a GKE Deployment + Service manifest from the serving plan.
-        Secrets appear only as Secret Manager names the VM reads at boot, never as values. Read-only."""
+        """Render the TPU VM startup script and/or GKE manifest for a stored deployment or a model and slice.
+        Secrets appear only as Secret Manager names."""
         view = await run(
             lambda: core.render_artifacts(deployment_id=deployment_id, model=model, accelerator=accelerator, kind=kind)
         )

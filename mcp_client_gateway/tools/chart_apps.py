@@ -1,4 +1,5 @@
-"""MCP Apps (``io.modelcontextprotocol/ui``): charts for the metrics and benchmark tools in hosts that render them.
+"""MCP Apps (``io.modelcontextprotocol/ui``): charts for the metrics and benchmark tools, and a deployment's phase and
+timeline for ``tpu_get_deployment``, in hosts that render them.
 
 How it works, through the SDK's ``mcp.server.apps``:
 
@@ -8,7 +9,8 @@ How it works, through the SDK's ``mcp.server.apps``:
   ``client_supports_apps``) renders the tool's view into that resource's page (``chart_pages``: inline SVG, no
   script, a strict CSP) and names it in the result's ``_meta.ui.resourceUri``. Reading the resource returns the page
   of that tool's latest such call in this session (a stdio server serves one client), or a page that says to call
-  the tool first.
+  the tool first. A page may draw more than the result holds: the app's ``gather`` reads it from the gateway core
+  (the deployment page's timeline, ``GatewayCore.timeline``), on a worker thread, for Apps clients only.
 * The result's content and structured content are left as they are, for every client; a client that did not
   negotiate Apps gets exactly what it got before (nothing is rendered for it, and no ``_meta`` is added).
 
@@ -27,8 +29,10 @@ from mcp.server.mcpserver.resources import FunctionResource
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolRequestParams, CallToolResult
 
-from mcp_client_gateway.chart_pages import benchmark_page, comparison_page, metrics_page
+from mcp_client_gateway.chart_pages import benchmark_page, comparison_page, deployment_page, metrics_page
 from mcp_client_gateway.charts import page, paragraph
+from mcp_client_gateway.core import GatewayCore
+from mcp_client_gateway.tools.common import run
 
 __all__ = ["CHART_APPS", "ChartApp", "ChartApps"]
 
@@ -37,28 +41,45 @@ log = logging.getLogger("mcp_client_gateway.server")
 MAX_PAGE_CHARS = 400_000  # a page bigger than this (it cannot be, with the views' bounds) is not served
 
 
+Gather = Callable[[GatewayCore, Mapping[str, Any]], Mapping[str, Any]]
+
+
 @dataclass(frozen=True)
 class ChartApp:
-    """One tool's chart page: its ``ui://`` address, a title, and how its view (as JSON) becomes the page."""
+    """One tool's chart page: its ``ui://`` address, a title, how its view (as JSON) becomes the page, and what more
+    of the gateway the page draws (``gather``: read from the core by the result, merged into the view)."""
 
     uri: str
     title: str
     render: Callable[[Mapping[str, Any]], str]
+    gather: Gather | None = None
+
+
+def _timeline(core: GatewayCore, result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The deployment's timeline (the status page's), beside its detail."""
+    return {"timeline": core.timeline(str(result["deployment_id"])).model_dump(mode="json")}
 
 
 CHART_APPS: dict[str, ChartApp] = {
     "tpu_get_metrics": ChartApp("ui://tpuctl/charts/metrics.html", "Serving metrics", metrics_page),
     "tpu_get_benchmark": ChartApp("ui://tpuctl/charts/benchmark.html", "Benchmark run", benchmark_page),
     "tpu_compare_benchmarks": ChartApp("ui://tpuctl/charts/comparison.html", "Benchmarks compared", comparison_page),
+    "tpu_get_deployment": ChartApp(
+        "ui://tpuctl/charts/deployment.html", "Deployment and timeline", deployment_page, _timeline
+    ),
 }
 
 
 class ChartApps(Apps):
     """The Apps extension for the chart tools among ``tools`` (the server's, already registered strictly): stamps
-    their ``_meta.ui``, serves their pages, and renders a page on each call from a client that negotiated Apps."""
+    their ``_meta.ui``, serves their pages, and renders a page on each call from a client that negotiated Apps.
+    ``core`` is what an app's ``gather`` reads (None: pages draw the result alone)."""
 
-    def __init__(self, tools: Sequence[Tool], apps: Mapping[str, ChartApp] = CHART_APPS) -> None:
+    def __init__(
+        self, tools: Sequence[Tool], apps: Mapping[str, ChartApp] = CHART_APPS, *, core: GatewayCore | None = None
+    ) -> None:
         super().__init__()
+        self._core = core
         self._apps = {tool.name: apps[tool.name] for tool in tools if tool.name in apps}
         self._pages: dict[str, str] = {}
         for tool in tools:
@@ -102,7 +123,7 @@ class ChartApps(Apps):
         if not client_supports_apps(ctx) or not isinstance(result.structured_content, Mapping):
             return result
         try:
-            html = app.render(result.structured_content)
+            html = app.render(await self._view(app, result.structured_content))
         except Exception:  # a chart is an extra: the result stands without it
             log.exception("rendering the chart of %s failed", params.name)
             return result
@@ -110,3 +131,10 @@ class ChartApps(Apps):
             return result
         self._pages[app.uri] = html
         return result.model_copy(update={"meta": {**(result.meta or {}), "ui": {"resourceUri": app.uri}}})
+
+    async def _view(self, app: ChartApp, result: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The result, and what the app gathers beside it from the core (read like a tool reads it: off the loop)."""
+        gather, core = app.gather, self._core
+        if gather is None or core is None:
+            return result
+        return {**result, **await run(lambda: gather(core, result))}

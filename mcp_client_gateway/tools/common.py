@@ -65,9 +65,7 @@ AcceleratorChoice = AcceleratorType  # the domain's allow-lists, so the schema a
 AlternativeAcceleratorsArg = Annotated[
     list[AcceleratorType] | None,
     Field(
-        description="Other slices the search may step down or across to, in order, when the accelerator is "
-        "scarce, e.g. ['v6e-4'] after v6e-8. Each must fit the model at the chosen context (refused otherwise). "
-        "The serving config follows the slice granted; tpu_get_deployment shows which and why.",
+        description="Fallback slices, in order, when the accelerator is scarce; each must fit the model.",
         max_length=4,
     ),
 ]
@@ -96,7 +94,7 @@ UUID_PATTERN = bounds.COMMAND_ID_PATTERN
 DeploymentIdArg = Annotated[
     str,
     Field(
-        description="Deployment id: 2-40 lower-case letters, digits or '-', starting with a letter.",
+        description="Deployment id: a-z, 0-9 and '-'.",
         pattern=ID_PATTERN,
         max_length=40,
     ),
@@ -104,23 +102,18 @@ DeploymentIdArg = Annotated[
 ConfirmArg = Annotated[
     str | None,
     Field(
-        description="The confirmation token from this tool's refusal, passed only after you showed the user the "
-        "impact it described and the user agreed. A deployment id or any other text does not confirm, and a "
-        "token works only for this action on this deployment, unchanged, for 5 minutes. Clients that support "
-        "elicitation ask the user directly instead, and this is ignored.",
+        description="The token this tool's refusal returned, once the user agreed to the impact it stated.",
         max_length=bounds.CONFIRM_CHARS,
     ),
 ]
 CommandIdArg = Annotated[
     str | None,
     Field(
-        description="Optional idempotency key (lower-case UUID). Re-sending the same one never acts twice.",
+        description="Idempotency key (a UUID).",
         pattern=UUID_PATTERN,
     ),
 ]
-ZonesArg = list[
-    Annotated[str, Field(pattern=bounds.ZONE_PATTERN, max_length=bounds.ZONE_CHARS, description="A zone name.")]
-]
+ZonesArg = list[Annotated[str, Field(pattern=bounds.ZONE_PATTERN, max_length=bounds.ZONE_CHARS)]]
 
 
 class ConfirmForm(BaseModel):
@@ -337,7 +330,5 @@ class ToolSet:
 
 WeightDtypeArg = Annotated[
     Literal["bfloat16", "fp8"] | None,
-    Field(
-        description="Weight dtype (default bfloat16); fp8 halves the quantizable weights, leaving HBM to the KV cache."
-    ),
+    Field(description="Weight dtype (default bfloat16); fp8 halves the weights' HBM."),
 ]

@@ -45,12 +45,12 @@ def _register_list(tools: ToolSet) -> None:
         include_deleted: Annotated[bool, Field(description="Also list deleted deployments.")] = False,
         offset: Annotated[
             int,
-            Field(description="Skip this many (from next_offset).", ge=bounds.LIST_OFFSET[0], le=bounds.LIST_OFFSET[1]),
+            Field(description="Skip this many (next_offset).", ge=bounds.LIST_OFFSET[0], le=bounds.LIST_OFFSET[1]),
         ] = 0,
         limit: Annotated[int, Field(description="Page size.", ge=bounds.LIST_LIMIT[0], le=bounds.LIST_LIMIT[1])] = 20,
     ) -> Annotated[CallToolResult, DeploymentList]:
-        """List deployments newest first with phase, zone, tier, endpoint, spend and the TPU resources the
-        controller last observed (queued resources and nodes). Read-only, from the state store."""
+        """List deployments, newest first: phase, zone, tier, endpoint, spend and TPU resources. Details:
+        tpu_get_deployment."""
         page = await run(
             lambda: core.list_deployments(include_deleted=include_deleted, phase=phase, offset=offset, limit=limit)
         )
@@ -67,9 +67,8 @@ def _register_get(tools: ToolSet) -> None:
         )
     )
     async def tpu_get_deployment(deployment_id: DeploymentIdArg) -> Annotated[CallToolResult, DeploymentDetail]:
-        """The status dashboard of one deployment: phase, zone, tier, queued-resource and node states, the
-        capacity-search attempts with error classes, endpoint, latest SLIs, spend so far and price per hour,
-        and the node's system details (OS, CPU, RAM, disk, chips, HBM, topology) once its agent reported them."""
+        """One deployment's dashboard: phase, zone, tier, TPU resources, capacity-search attempts, endpoint,
+        SLIs, findings, spend, price per hour and the node's system details."""
         detail = await run(lambda: core.get_deployment(deployment_id))
         where = f" in {detail.zone} ({detail.tier})" if detail.zone else ""
         return tool_result(
@@ -89,7 +88,7 @@ def _register_operation(tools: ToolSet) -> None:
         command_id: Annotated[
             str,
             Field(
-                description="The command_id a command tool returned.",
+                description="The command_id a command returned.",
                 pattern=UUID_PATTERN,
             ),
         ],
@@ -97,15 +96,14 @@ def _register_operation(tools: ToolSet) -> None:
         wait_seconds: Annotated[
             int,
             Field(
-                description="Wait up to this long for a change before answering (0-5).",
+                description="Wait up to this long for a change.",
                 ge=bounds.WAIT_SECONDS[0],
                 le=bounds.WAIT_SECONDS[1],
             ),
         ] = 0,
     ) -> Annotated[CallToolResult, OperationView]:
-        """Progress of a command: queued, waiting for capacity (zone, elapsed), provisioning, booting, starting
-        vLLM, healthy, or failed with the reason. Read-only. With wait_seconds it answers as soon as the stage
-        changes, sending progress notifications meanwhile; call again until done is true."""
+        """Progress of a command: its stage (capacity search, provisioning, boot, vLLM start, healthy) or why it
+        failed. Call again until done is true."""
         view = await run(lambda: core.get_operation(command_id))
         waited = 0.0
         while not view.done and waited < wait_seconds:

@@ -58,7 +58,7 @@ def register(tools: ToolSet) -> None:
             token: Annotated[
                 str,
                 Field(
-                    description="A Hugging Face access token (hf_...). Never echoed back.",
+                    description="A Hugging Face access token (hf_...).",
                     max_length=bounds.HF_TOKEN_CHARS,
                 ),
             ],
@@ -67,20 +67,14 @@ def register(tools: ToolSet) -> None:
             confirm: Annotated[
                 str | None,
                 Field(
-                    description="Needed only to replace a different stored token: the confirmation token this "
-                    "tool's refusal returned, passed only after the user agreed. The secret's name or any other "
-                    "text does not confirm.",
+                    description="The token this tool's refusal returned, once the user agreed to the replacement.",
                     max_length=bounds.CONFIRM_CHARS,
                 ),
             ] = None,
         ) -> Annotated[CallToolResult, SecretSaved]:
-            """Store the Hugging Face token the TPU VM uses to download gated Gemma weights, as a new version
-            of the secret (Secret Manager, or the local 0600 file store). The value is never returned or
-            logged. Replacing a different stored token needs the user's confirmation: the first call is
-            refused ([confirmation_required]) with the impact and a confirmation token; show the impact to the
-            user and, only if they agree, call again with the same token value and confirm set to that
-            confirmation token (valid 5 minutes). Clients that support elicitation ask the user directly.
-            `tpuctl token set` does the same without passing the token through a model."""
+            """Store the Hugging Face token the TPU VM uses for gated Gemma weights; it is never returned or
+            logged. Replacing a different one is confirmed first. `tpuctl token set` avoids passing it through a
+            model."""
             confirmed = token_to_use(confirmation, answer, confirm)
             try:
                 saved = await run(lambda: core.save_hf_token(token, confirm=confirmed))

@@ -33,7 +33,7 @@ def _register_query(tools: ToolSet) -> None:
         deployment_id: DeploymentIdArg,
         prompt: Annotated[str, Field(description="The user message.", min_length=1, max_length=bounds.PROMPT_CHARS)],
         max_tokens: Annotated[
-            int, Field(description="Upper bound on generated tokens.", ge=bounds.MAX_TOKENS[0], le=bounds.MAX_TOKENS[1])
+            int, Field(description="Most tokens to generate.", ge=bounds.MAX_TOKENS[0], le=bounds.MAX_TOKENS[1])
         ] = 256,
         temperature: Annotated[
             float, Field(description="Sampling temperature.", ge=bounds.TEMPERATURE[0], le=bounds.TEMPERATURE[1])
@@ -42,9 +42,8 @@ def _register_query(tools: ToolSet) -> None:
             str | None, Field(description="Optional system message.", max_length=bounds.SYSTEM_PROMPT_CHARS)
         ] = None,
     ) -> Annotated[CallToolResult, QueryResult]:
-        """Send one chat request to a SERVING deployment and time it: time to first token (first chunk with
-        content), total time, tokens from the server's usage, output and decode tokens per second. Streams
-        over the deployment's endpoint with its API key; takes about as long as generation (bounded to 30 s)."""
+        """Send one chat request to a SERVING deployment and time it: time to first token, total time, tokens
+        and tokens per second (up to 30 s)."""
         result = await run(
             lambda: core.query_model(
                 deployment_id,
@@ -69,8 +68,8 @@ def _register_health(tools: ToolSet) -> None:
         )
     )
     async def tpu_check_health(deployment_id: DeploymentIdArg) -> Annotated[CallToolResult, HealthReport]:
-        """Check a deployment end to end now: /health, /v1/models (served model, context limit), /version,
-        a one-token completion with latency, and the monitor's phase. Takes a few seconds at most."""
+        """Check a deployment end to end now: /health, /v1/models, /version, a one-token completion with its
+        latency, and the monitor's phase."""
         report = await run(lambda: core.check_health(deployment_id))
         failing = [c.name for c in report.checks if not c.ok]
         verdict = "healthy" if report.healthy else "unhealthy (" + ", ".join(failing) + ")"

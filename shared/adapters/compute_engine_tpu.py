@@ -66,6 +66,7 @@ __all__ = [
     "ComputeEngineTpu",
     "classify_compute_error",
     "compute_error_from_exception",
+    "translated_errors",
 ]
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
@@ -236,7 +237,7 @@ _VENDOR_ERRORS = (gexc.GoogleAPIError, requests.exceptions.RequestException, goo
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def translated_errors() -> Iterator[None]:
     """Re-raise every vendor exception as the CloudError it means (``from`` the original)."""
     try:
         yield
@@ -300,7 +301,7 @@ class ComputeEngineTpu:
     def instances(self) -> compute_v1.InstancesClient:
         """The google-cloud-compute instances client, built on first use."""
         if self._instances is None:
-            with _translated():
+            with translated_errors():
                 self._instances = compute_v1.InstancesClient(
                     credentials=self._credentials, client_options=self._options()
                 )
@@ -310,7 +311,7 @@ class ComputeEngineTpu:
     def operations(self) -> compute_v1.ZoneOperationsClient:
         """The zonal operations client, built on first use."""
         if self._operations is None:
-            with _translated():
+            with translated_errors():
                 self._operations = compute_v1.ZoneOperationsClient(
                     credentials=self._credentials, client_options=self._options()
                 )
@@ -388,7 +389,7 @@ class ComputeEngineTpu:
             instance_resource=self.instance_for(request),
             request_id=request.request_id,
         )
-        with in_request_zone(request.zone, compute_engine=True), _translated():
+        with in_request_zone(request.zone, compute_engine=True), translated_errors():
             op = self.instances.insert_unary(request=insert, retry=None, timeout=self._timeout_s)
         return self._op_status(request.zone, op)
 
@@ -405,7 +406,7 @@ class ComputeEngineTpu:
         match = _OPERATION_NAME.match(name)
         if match is None:
             raise CloudError(ErrorClass.INVALID, f"operation name {name!r}: expected projects/P/zones/Z/operations/OP")
-        with _translated():
+        with translated_errors():
             op = self.operations.get(
                 project=match["project"], zone=match["zone"], operation=match["op"], retry=None, timeout=self._timeout_s
             )
@@ -413,7 +414,7 @@ class ComputeEngineTpu:
 
     def get(self, zone: str, resource_id: str) -> ObservedResource | None:
         try:
-            with _translated():
+            with translated_errors():
                 found = self.instances.get(
                     project=self.project, zone=zone, instance=resource_id, retry=None, timeout=self._timeout_s
                 )
@@ -427,7 +428,7 @@ class ComputeEngineTpu:
         """Our instances in ``zone`` (``-``: every zone, one aggregated call)."""
         label_filter = f'labels.{LABEL_MANAGED_BY} = "tpuctl"'
         observed: list[ObservedResource] = []
-        with _translated():
+        with translated_errors():
             if zone == "-":
                 request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=label_filter)
                 for _scope, scoped in self.instances.aggregated_list(
@@ -451,7 +452,7 @@ class ComputeEngineTpu:
         if request_id:
             delete.request_id = request_id
         try:
-            with _translated():
+            with translated_errors():
                 op = self.instances.delete_unary(request=delete, retry=None, timeout=self._timeout_s)
         except CloudError as exc:
             if exc.error_class is ErrorClass.NOT_FOUND:
@@ -460,14 +461,14 @@ class ComputeEngineTpu:
         return self._op_status(zone, op)
 
     def stop_node(self, zone: str, node_id: str) -> OperationStatus:
-        with _translated():
+        with translated_errors():
             op = self.instances.stop_unary(
                 project=self.project, zone=zone, instance=node_id, retry=None, timeout=self._timeout_s
             )
         return self._op_status(zone, op)
 
     def start_node(self, zone: str, node_id: str) -> OperationStatus:
-        with _translated():
+        with translated_errors():
             op = self.instances.start_unary(
                 project=self.project, zone=zone, instance=node_id, retry=None, timeout=self._timeout_s
             )
@@ -480,7 +481,7 @@ class ComputeEngineTpu:
             project=self.project, zone=zone, instance=node_id, query_path=query_path
         )
         try:
-            with _translated():
+            with translated_errors():
                 answer = self.instances.get_guest_attributes(request=request, retry=None, timeout=self._timeout_s)
         except CloudError as exc:
             if exc.error_class is not ErrorClass.NOT_FOUND or self.get(zone, node_id) is None:

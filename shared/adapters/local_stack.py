@@ -159,7 +159,7 @@ def needs_local_stack(settings: Settings) -> bool:
 
 
 class NoLocalStack:
-    """The TPU API and the Cloud Quotas API when no local stack runs: every call says to start one."""
+    """The TPU API, the Cloud Quotas API and calendar advice when no local stack runs: every call says to start one."""
 
     def _refuse(self) -> CloudError:
         return CloudError(ErrorClass.FAILED_PRECONDITION, NO_LOCAL_STACK)
@@ -189,4 +189,7 @@ class NoLocalStack:
         raise self._refuse()
 
     def list_limits(self, service: str = "") -> Any:
+        raise self._refuse()
+
+    def earliest_window(self, *args: object, **kwargs: object) -> Any:
         raise self._refuse()

@@ -231,6 +231,36 @@ class HealthThresholds(BaseModel):
     )
 
 
+class CalendarWindow(BaseModel):
+    """A calendar-mode reservation's zone and period (shared.domain.calendar_mode)."""
+
+    model_config = _STRICT
+
+    zone: Zone
+    start: UtcDateTime
+    end: UtcDateTime
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CalendarWindow:
+        if self.end <= self.start:
+            raise ValueError("calendar.end: must be after calendar.start")
+        return self
+
+
+class CalendarBooking(BaseModel):
+    """The controller's booking of the spec's calendar window; kept until it is released or its period ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # the future reservation's and its reservation's name (calendar_mode.booking_name)
+    window: CalendarWindow
+    procurement: str = ""  # Compute Engine's procurementStatus as last read; GONE once it is not found
+    booked_at: UtcDateTime
+    checked_at: UtcDateTime | None = None
+    released_at: UtcDateTime | None = None
+    release_reason: str = ""
+
+
 class DeploymentSpec(BaseModel):
     """What the user wants running. Immutable; a change is a new generation."""
 
@@ -261,6 +291,9 @@ class DeploymentSpec(BaseModel):
     idle_minutes: int | None = Field(default=None, ge=5, le=10080, description="No requests for this long is idle.")
     on_idle: Literal["stop", "delete"] = "stop"
     reservation_name: str | None = Field(default=None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+    calendar: CalendarWindow | None = Field(
+        default=None, description="A calendar-mode window the controller books and then consumes (confirmed)."
+    )
     serving: ServingOptions = Field(default_factory=ServingOptions)
     health: HealthThresholds = Field(default_factory=HealthThresholds, description="Monitor thresholds.")
 
@@ -275,6 +308,8 @@ class DeploymentSpec(BaseModel):
             raise ValueError("alternative_accelerators: each slice may appear once, and not the accelerator itself")
         if Tier.RESERVATION in self.tiers and not self.reservation_name:
             raise ValueError("reservation_name: required when tiers include 'reservation'")
+        if self.calendar is not None and (Tier.RESERVATION not in self.tiers or self.calendar.zone not in self.zones):
+            raise ValueError("calendar: needs the 'reservation' tier and the window's zone among zones")
         return self
 
     @property
@@ -387,6 +422,7 @@ class DeploymentStatus(BaseModel):
     boot: BootProgress | None = None  # the startup script's progress on the booting node (monitor-owned)
     findings: list[str] = Field(default_factory=list)  # monitor-owned warnings "<tag>: <text>" (FINDING_LOG_KIND)
     engine: dict[str, Any] | None = None  # what vLLM printed at start-up (shared.domain.engine_facts), monitor-owned
+    calendar: CalendarBooking | None = None  # the booked calendar window (shared.domain.calendar_mode)
 
 
 class DeploymentRecord(BaseModel):
@@ -402,6 +438,11 @@ class DeploymentRecord(BaseModel):
     version: int = Field(default=0, ge=0, description="Bumped by the store on every write (compare-and-set).")
     created_at: UtcDateTime
     updated_at: UtcDateTime
+    traceparent: str | None = Field(
+        default=None,
+        max_length=64,
+        description="W3C trace context of the last command applied: the ticks' work for it joins its trace.",
+    )
 
     @property
     def live(self) -> bool:

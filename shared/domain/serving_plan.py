@@ -43,6 +43,7 @@ NODE_AGENT_ENV_NAMES = (
     "TPUCTL_NODE_DOCKER_HOST",  # set by the startup script itself, with the Docker socket's mount
     "TPUCTL_NODE_CONTAINER",  # likewise: the serving container's name (CONTAINER)
     "TPUCTL_DEBUG_BUNDLE_BUCKET",  # where bundles go before a restart (absent: none are kept)
+    "TPUCTL_TRACE_EXPORT",  # cloud-trace when the controller's spans go there (absent: the agent records none)
 )
 
 
@@ -65,6 +66,9 @@ class ServingEnvironment:
     node_agent_bundle_sha256: str = ""
     # The bucket node agents keep debug bundles in (Terraform's); "" = none kept (shared.domain.debug_bundle).
     debug_bundle_bucket: str = ""
+    # The controller's TPUCTL_TRACE_EXPORT: the node agents export to Cloud Trace too when it is "cloud-trace"
+    # (any other value, e.g. a file of the controller's, means nothing on a VM: they then record no spans).
+    trace_export: str = "none"
     bind_host: str = "127.0.0.1"
     port: int = 8000
 
@@ -127,6 +131,8 @@ class ServingPlan:
         )
         if self.environment.debug_bundle_bucket:
             agent_env += (("TPUCTL_DEBUG_BUNDLE_BUCKET", self.environment.debug_bundle_bucket),)
+        if self.environment.trace_export == "cloud-trace":
+            agent_env += (("TPUCTL_TRACE_EXPORT", "cloud-trace"),)
         return render_startup_script(
             StartupScriptInputs(
                 deployment_id=self.spec.deployment_id,

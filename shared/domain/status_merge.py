@@ -26,6 +26,7 @@ STATUS_FIELDS_OWNED = (
     "attempts",
     "next_attempt",
     "probes",
+    "calendar",
     "spend_usd",
     "billed_until",
 )

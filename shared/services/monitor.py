@@ -110,6 +110,7 @@ from shared.messages import (
     topic_for,
 )
 from shared.ports import Clock, CommandBus, MetricWriter, ServingProbe, StateStore, TpuApi
+from shared.services.deployment_trace import deployment_work
 from shared.services.monitor_types import DeploymentReport, MonitorSettings, TickReport
 
 __all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
@@ -200,7 +201,8 @@ class Monitor:
         self._publish_healing(decisions, report)
         self._write_samples([d.sample for d in decisions], report)
         for decision in decisions:
-            self._write_record(decision, now, report)
+            with deployment_work(decision.record, "monitor"):  # in the command's trace while its work is under way
+                self._write_record(decision, now, report)
             report.deployments.append(decision.report)
         self._write_metrics(decisions, report)
         report.duration_s = self.clock.monotonic() - started
@@ -365,7 +367,9 @@ class Monitor:
         for decision in decisions:
             sent: list[BaseModel] = []
             for message in decision.events:
-                if self._publish(message, report):
+                with deployment_work(decision.record, "monitor heal"):
+                    published = self._publish(message, report)
+                if published:
                     sent.append(message)
                     decision.report.published.append(str(getattr(message, "kind", "")))
             if len(sent) != len(decision.events) and decision.unhealed_status is not None:

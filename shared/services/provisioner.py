@@ -29,10 +29,8 @@ so the ticks keep retrying it and no subscription outlives its deployment.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from shared.domain.capacity_advice import AdviceScores
@@ -63,17 +61,15 @@ from shared.domain.planner import (
     DeleteResource,
     ForgetZone,
     OperationOutcome,
-    PlannerPolicy,
     RememberZone,
     WriteStatus,
     needs_ticks,
     plan,
 )
 from shared.domain.prices import price_per_chip_hour
-from shared.domain.ratelimit import BucketState, TokenBucket
+from shared.domain.ratelimit import BucketState
 from shared.domain.slice_ladder import advice_slice, scripts_per_slice
 from shared.domain.spec_change import needs_new_generation
-from shared.domain.spot_probe import ProbePolicy
 from shared.domain.status_merge import merge_status
 from shared.domain.zone_memory import CloudFailure, PriceFn, prune
 from shared.messages import (
@@ -84,85 +80,28 @@ from shared.messages import (
     StartDeployment,
     StopDeployment,
     UpdateDeployment,
-    encode_message,
-    message_attributes,
 )
 from shared.ports import (
+    CalendarReservations,
     CapacityAdvice,
     Clock,
     Fence,
     NodeChannels,
     SchedulerApi,
-    SchedulerJob,
     StateStore,
     TpuApi,
 )
 from shared.services.benchmarker import delete_benchmark_jobs
+from shared.services.calendar_booker import CalendarBooker
+from shared.services.deployment_trace import deployment_work, with_command_trace
 from shared.services.janitor import Janitor, JanitorReport
+from shared.services.provisioner_types import TICK_JOB_NAME, ProvisionerSettings, ReconcileResult, reconcile_tick_job
 from shared.services.spot_prober import SpotProber
+from shared.tracing import node_trace_metadata
 
 __all__ = ["TICK_JOB_NAME", "Provisioner", "ProvisionerSettings", "ReconcileResult", "reconcile_tick_job"]
 
 log = logging.getLogger("tpuctl.provisioner")
-
-TICK_JOB_NAME = "tpuctl-reconcile-tick"
-# Scheduler publishes the same body every time; ticks skip the command ledger and are aged by publish time.
-_TICK_COMMAND_ID = "00000000-0000-4000-8000-7469636b0001"
-_TICK_ISSUED_AT = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def reconcile_tick_job(topic: str, *, name: str = TICK_JOB_NAME, schedule: str = "* * * * *") -> SchedulerJob:
-    """The Scheduler job that publishes ``reconcile.tick`` on ``topic`` every minute."""
-    tick = ReconcileTick(command_id=_TICK_COMMAND_ID, issued_at=_TICK_ISSUED_AT)
-    return SchedulerJob(
-        name=name, schedule=schedule, topic=topic, data=encode_message(tick), attributes=message_attributes(tick)
-    )
-
-
-@dataclass(frozen=True)
-class ProvisionerSettings:
-    """How the provisioner behaves; defaults suit Cloud Functions (540 s limit, one-minute ticks)."""
-
-    holder: str = field(default_factory=lambda: f"provisioner-{uuid.uuid4().hex[:8]}")
-    lease_ttl_s: float = 120.0
-    create_bucket: TokenBucket = field(default_factory=lambda: TokenBucket.per_minute(60, burst=10))
-    rate_limit_hold_s: float = 60.0
-    tick_budget_s: float = 420.0
-    """Stop starting deployment reconciles after this long in one tick (the function dies at 540 s)."""
-    max_rounds: int = 3
-    """Plans per reconcile: a synchronous refusal is failed over in the same invocation."""
-    write_retries: int = 3
-    planner: PlannerPolicy = field(default_factory=PlannerPolicy)
-    janitor_grace_s: float = 900.0
-    tick_job: SchedulerJob | None = None
-    """The Scheduler job that publishes reconcile ticks; paused when nothing is live."""
-    probe: ProbePolicy | None = None
-    """Spot probes of waiting requests (shared.domain.spot_probe); None: no probes."""
-
-
-@dataclass
-class ReconcileResult:
-    """What one reconcile of one deployment did (for logs, tests and the tick summary)."""
-
-    deployment_id: str
-    phase: Phase | None = None
-    created: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    skipped: str = ""
-    message: str = ""
-
-    def summary(self) -> str:
-        if self.skipped:
-            return f"{self.deployment_id}: skipped ({self.skipped})"
-        parts = [f"{self.deployment_id}: {self.phase.value if self.phase else '?'}"]
-        if self.created:
-            parts.append(f"created {','.join(self.created)}")
-        if self.deleted:
-            parts.append(f"deleting {','.join(self.deleted)}")
-        if self.failures:
-            parts.append(f"refused {','.join(self.failures)}")
-        return " ".join(parts)
 
 
 class Provisioner:
@@ -181,6 +120,7 @@ class Provisioner:
         channels: NodeChannels | None = None,
         node_metadata: Callable[[str], Mapping[str, str]] | None = None,
         advice: CapacityAdvice | None = None,
+        calendar: CalendarReservations | None = None,
     ) -> None:
         self._store = store
         self._advice = advice
@@ -196,6 +136,7 @@ class Provisioner:
         self._pending_patches: dict[str, dict[str, Any]] = {}
         probe, planner = self._settings.probe, self._settings.planner
         self._janitor = Janitor(tpu, grace_s=self._settings.janitor_grace_s, price=price, probe=probe)
+        self._booker = CalendarBooker(calendar, clock)
         self._prober = None
         if probe is not None:
             self._prober = SpotProber(
@@ -356,7 +297,7 @@ class Provisioner:
         """Read, change, compare-and-set; a lost race re-reads and re-applies (spec writes hold no lease)."""
         for _ in range(self._settings.write_retries):
             existing = self._store.get_deployment(deployment_id)
-            updated = change(existing, self._clock.now())
+            updated = with_command_trace(change(existing, self._clock.now()))  # later ticks join its trace
             if updated is None:
                 assert existing is not None
                 return existing, False
@@ -408,11 +349,14 @@ class Provisioner:
                 if self._clock.monotonic() - started > self._settings.tick_budget_s:
                     results.append("tick budget used up; the rest waits for the next tick")
                     break
-                results.append(self._reconcile_quietly(record.deployment_id, observed))
+                with deployment_work(record, "reconcile"):  # in the command's trace while its work is under way
+                    results.append(self._reconcile_quietly(record.deployment_id, observed))
         records = {r.deployment_id: r for r in self._store.list_deployments(include_deleted=True)}
         janitor = self._janitor.sweep(observed, records, self._clock.now())
         self.last_janitor_report = janitor
         results.append(janitor.summary())
+        zones = {zone for record in records.values() for zone in record.spec.zones}
+        results += [f"released orphaned calendar booking {name}" for name in self._booker.sweep(records, zones)]
         if only is None:
             results.append(self._maybe_pause(janitor))
         return "; ".join(r for r in results if r)
@@ -499,11 +443,16 @@ class Provisioner:
         scripts = scripts_per_slice(record.spec, self._startup_script)  # one per allowed slice, its own TP
         advice = self._advice_for(record)
         record = self._probe(record, observed, memory, fence, send=False)
+        write = lambda current, status: self._write_status(current, status, fence)  # noqa: E731
+        record, searching = self._booker.searchable(self._booker.run(record, write), write)
+        if searching is None:  # it waits for its calendar window, or lost it (shared.services.calendar_booker)
+            result.phase, result.message = record.status.phase, record.status.message
+            return result
         for round_number in range(self._settings.max_rounds + 1):
             now = self._clock.now()
             last = round_number == self._settings.max_rounds  # only learns from the refusals, creates nothing
             actions = plan(
-                record,
+                record.model_copy(update={"spec": searching}),
                 mine,
                 memory,
                 now,
@@ -702,10 +651,9 @@ class Provisioner:
         return None
 
     def _with_node_metadata(self, deployment_id: str, request: ProvisionRequest) -> ProvisionRequest:
-        """The request with the deployment's node metadata (its event key), made at send time so no record holds it."""
-        if self._node_metadata is None:
-            return request
-        return request.model_copy(update={"metadata": {**request.metadata, **self._node_metadata(deployment_id)}})
+        """The request with its node metadata made at send time (the event key; this pass's span, the boot's parent)."""
+        made = {**(self._node_metadata(deployment_id) if self._node_metadata else {}), **node_trace_metadata()}
+        return request.model_copy(update={"metadata": {**request.metadata, **made}})
 
     def _create_refused(
         self, record: DeploymentRecord, action: CreateQueuedResource, exc: CloudError, result: ReconcileResult

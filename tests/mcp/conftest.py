@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 
 from mcp_client_gateway.core import GatewayCore, GatewayPorts
-from mcp_client_gateway.server import build_server
+from mcp_client_gateway.server import build_server, served_tools
+from mcp_client_gateway.strict_tools import StrictTool
 from shared.adapters.clock import SystemClock
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
@@ -27,6 +29,7 @@ from shared.domain.models import (
     DeploymentStatus,
     Desired,
     NodeState,
+    NodeTask,
     Phase,
     QueuedResourceState,
     ResourceRef,
@@ -54,6 +57,10 @@ class GatewayWorld:
 
     def server(self, *, read_only: bool = False) -> Any:
         return build_server(self.core, read_only=read_only)
+
+    def enforced_schemas(self) -> dict[str, dict[str, Any]]:
+        """Each tool's full argument schema, as the server validates it (``tools/list`` publishes it compacted)."""
+        return {tool.name: tool.enforced_schema for tool in served_tools(self.core) if isinstance(tool, StrictTool)}
 
     def seed(
         self,
@@ -137,6 +144,23 @@ def refusal_confirmation(result: Any) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(texts[1])
     assert f"confirm='{body['confirm']}'" in texts[0]  # the one-line error carries the same token
     return body
+
+
+def seed_monitor_restart(world: GatewayWorld, now: datetime) -> str:
+    """The restart the monitor asked of gemma-a's node for a stall five minutes ago, answered with a debug bundle."""
+    restart_id = str(uuid.uuid5(uuid.NAMESPACE_URL, "gemma-a/1/restart"))  # the monitor's incident-derived id
+    world.store.create_node_task(
+        NodeTask(
+            task_id=restart_id,
+            deployment_id="gemma-a",
+            action="restart",
+            status="completed",
+            reason="STALLED since 12:00: no progress",
+            requested_at=now - timedelta(minutes=5),
+            bundle="debug-bundles/gemma-a/1/bundle.json",
+        )
+    )
+    return restart_id
 
 
 @pytest.fixture

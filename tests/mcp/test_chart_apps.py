@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from datetime import UTC, datetime, timedelta
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from mcp_client_gateway.server import build_server
 from mcp_client_gateway.tools.chart_apps import CHART_APPS
 from shared.domain.models import BenchmarkRun, MonitorSample, Phase
 from shared.messages import new_command_id
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, seed_monitor_restart
 
 pytestmark = pytest.mark.anyio
 
@@ -28,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 APPS = [advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})]
 METRICS_URI = CHART_APPS["tpu_get_metrics"].uri
 BENCH_URI = CHART_APPS["tpu_get_benchmark"].uri
+DEPLOYMENT_URI = CHART_APPS["tpu_get_deployment"].uri
 # (minutes ago, TTFT p50 s, generated tokens/s, KV-cache use)
 SAMPLES = ((30, 0.123, 456.5, 0.25), (20, 0.150, 512.0, 0.5), (10, 0.097, 640.25, 0.75))
 HOSTILE = '<script>alert("x")</script>\u202egnp.exe"><img src=//evil.example/a>'
@@ -73,6 +75,21 @@ def store_run(world: GatewayWorld) -> str:
     return run.run_id
 
 
+def store_history(world: GatewayWorld) -> str:
+    """A deployment that booted, served and stalled (a VM's hostile detail), and that the monitor restarted."""
+    world.seed("gemma-a", phase=Phase.STALLED, endpoint="http://10.0.0.5:8000")
+    now = datetime.now(UTC)
+    phases = ((20, Phase.BOOTING, ""), (15, Phase.SERVING, ""), (10, Phase.STALLED, HOSTILE))
+    world.store.write_samples(
+        [
+            MonitorSample(deployment_id="gemma-a", taken_at=now - timedelta(minutes=ago), phase=phase, detail=detail)
+            for ago, phase, detail in phases
+        ]
+    )
+    restart_id = seed_monitor_restart(world, now)
+    return restart_id
+
+
 def drawn(html: str, series: str) -> list[tuple[float, float]]:
     """The (x, y) of every point of ``series`` the page draws."""
     found = re.findall(rf'<circle [^>]*data-series="{re.escape(series)}" data-x="([^"]+)" data-y="([^"]+)"', html)
@@ -108,7 +125,7 @@ class TestAnAppsClient:
             html = await read_page(client, METRICS_URI)
         assert listed["tpu_get_metrics"].meta == {"ui": {"resourceUri": METRICS_URI}}
         charted = {name for name, tool in listed.items() if (tool.meta or {}).get("ui")}
-        assert charted == {"tpu_get_metrics", "tpu_get_benchmark", "tpu_compare_benchmarks"}
+        assert charted == {"tpu_get_metrics", "tpu_get_benchmark", "tpu_compare_benchmarks", "tpu_get_deployment"}
         assert resources == {CHART_APPS[name].uri: APP_MIME_TYPE for name in charted}  # none for unserved tools
         assert not result.is_error and ui_of(result) == {"resourceUri": METRICS_URI}
         assert html.startswith("<!DOCTYPE html>") and f'content="{CSP}"' in html
@@ -137,6 +154,31 @@ class TestAnAppsClient:
         assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
         assert ui_of(compared) is not None and run_id in comparison and "1 benchmark run(s) compared" in comparison
 
+    async def test_the_deployment_page_shows_its_phase_and_the_timeline_the_store_holds(
+        self, world: GatewayWorld
+    ) -> None:
+        store_history(world)
+        async with Client(world.server(), extensions=APPS) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            result = await client.call_tool("tpu_get_deployment", {"deployment_id": "gemma-a"})
+            html = await read_page(client, DEPLOYMENT_URI)
+        assert listed["tpu_get_deployment"].meta == {"ui": {"resourceUri": DEPLOYMENT_URI}}
+        assert not result.is_error and ui_of(result) == {"resourceUri": DEPLOYMENT_URI}
+        assert "timeline" not in (result.structured_content or {}), "the result is the tool's own"
+        assert html.startswith("<!DOCTYPE html>") and f'content="{CSP}"' in html
+        assert "Deployment gemma-a" in html and "phase STALLED since" in html
+        timeline = world.core.timeline("gemma-a")
+        summaries = [event.summary for event in timeline.events]
+        assert {"created", "capacity", "phase", "restart"} <= {event.kind for event in timeline.events}
+        cells = re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>", html)
+        assert [summary for _, summary, _ in cells] == [escape(s, quote=True) for s in summaries[::-1]]
+        assert cells[0][:2] == ("restart", "vLLM container restart completed: STALLED since 12:00: no progress")
+        assert cells[0][2] == "the monitor (healing)" and "BOOTING -&gt; SERVING" in html
+        assert "<script" not in html and "<img" not in html and "\u202e" not in html
+        assert f": {len(summaries)} event(s), newest first." in html
+        newest = timeline.events[-1].at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert f"<tr><td>{newest}</td><td>restart</td>" in html
+
     async def test_before_any_call_the_page_says_to_call_the_tool(self, world: GatewayWorld) -> None:
         async with Client(world.server(), extensions=APPS) as client:
             html = await read_page(client, METRICS_URI)
@@ -147,10 +189,12 @@ class TestAClientWithoutApps:
     async def test_gets_exactly_the_result_of_a_server_without_apps(self, world: GatewayWorld) -> None:
         store_samples(world)
         run_id = store_run(world)
+        store_history(world)
         calls = [
             ("tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 60}),
             ("tpu_get_benchmark", {"run_id": run_id}),
             ("tpu_compare_benchmarks", {}),
+            ("tpu_get_deployment", {"deployment_id": "gemma-a"}),
         ]
         results: dict[str, list[Any]] = {"apps": [], "plain": []}
         for key, server in (("apps", world.server()), ("plain", build_server(world.core, chart_apps=False))):

@@ -256,7 +256,7 @@ def test_the_cli_names_fields_with_the_same_flags_as_the_table() -> None:
         assert param_flag(field) == flag, field
 
 
-def test_every_pattern_a_tool_publishes_has_words(world: GatewayWorld) -> None:
+def test_every_pattern_a_tool_enforces_has_words(world: GatewayWorld) -> None:
     def patterns(node: Any) -> set[str]:
         if isinstance(node, dict):
             own = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
@@ -265,5 +265,6 @@ def test_every_pattern_a_tool_publishes_has_words(world: GatewayWorld) -> None:
             return set().union(*(patterns(value) for value in node))
         return set()
 
-    published = set().union(*(patterns(schema) for schema in _registry(world).values()))
-    assert published and published <= set(PATTERN_WORDS), sorted(published - set(PATTERN_WORDS))
+    enforced = set().union(*(patterns(schema) for schema in world.enforced_schemas().values()))
+    assert enforced and enforced <= set(PATTERN_WORDS), sorted(enforced - set(PATTERN_WORDS))
+    assert set(world.enforced_schemas()) == set(_registry(world))

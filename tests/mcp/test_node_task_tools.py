@@ -118,7 +118,7 @@ class TestSchema:
         assert schema["required"] == ["deployment_id"]
         lines = schema["properties"]["lines"]
         assert (lines["minimum"], lines["maximum"], lines["default"]) == (1, 500, 100)
-        assert "pattern" in str(schema["properties"]["task_id"])
+        assert "pattern" in str(world.enforced_schemas()["tpu_tail_serving_logs"]["properties"]["task_id"])
         output = tools["tpu_tail_serving_logs"].output_schema
         assert output is not None and {"notice", "task_id", "status", "lines"} <= set(output["properties"])
 

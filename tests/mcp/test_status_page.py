@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
@@ -21,9 +20,9 @@ import pytest
 
 from mcp_client_gateway.cli import EXIT_USAGE, run
 from mcp_client_gateway.status_page.server import StatusPage
-from shared.domain.models import BenchmarkRun, MonitorSample, NodeTask, Phase
+from shared.domain.models import BenchmarkRun, MonitorSample, Phase
 from shared.messages import new_command_id
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, seed_monitor_restart
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
@@ -56,18 +55,7 @@ def _seed_history(world: GatewayWorld) -> tuple[str, str]:
         for index, phase in enumerate(phases)
     ]
     world.store.write_samples(samples)
-    restart_id = str(uuid.uuid5(uuid.NAMESPACE_URL, "gemma-a/1/restart"))  # the monitor's incident-derived id
-    world.store.create_node_task(
-        NodeTask(
-            task_id=restart_id,
-            deployment_id="gemma-a",
-            action="restart",
-            status="completed",
-            reason="STALLED since 12:00: no progress",
-            requested_at=now - timedelta(minutes=5),
-            bundle="debug-bundles/gemma-a/1/bundle.json",
-        )
-    )
+    restart_id = seed_monitor_restart(world, now)
     run_id = new_command_id()
     points = [
         {"level": 1, "output_throughput": 120.5, "median_ttft_ms": 80.0},

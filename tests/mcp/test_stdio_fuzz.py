@@ -13,12 +13,14 @@ benchmarks and queries are refused before any network call) and the Hugging Face
 parameter of every tool gets a fixed list of 10-20 hostile values (not combinatorial) while the other
 arguments are the required ones with plausible values, plus one call per tool with an unknown argument.
 
-The published schema decides what each call should do. A value the schema refuses must be refused naming the
-parameter. A value it allows (``null`` for an optional parameter, text for a free-text one) may be accepted,
-or refused naming the parameter, or refused exactly as the plain call with only the required arguments is
-(``fuzz-target`` is not serving, say). The data dir's logical contents (SQLite rows, secret files) are
-compared across the whole run of refusals and read-only calls, and around each call of a tool that writes
-with a value its schema allows, where an acceptance must have exactly the effect the tool promises.
+The schema the server enforces decides what each call should do: the tool's full argument schema
+(``StrictTool.enforced_schema``, the published ``inputSchema`` before its patterns and length caps were left out
+for the model's sake). A value the schema refuses must be refused naming the parameter. A value it allows
+(``null`` for an optional parameter, text for a free-text one) may be accepted, or refused naming the parameter,
+or refused exactly as the plain call with only the required arguments is (``fuzz-target`` is not serving, say).
+The data dir's logical contents (SQLite rows, secret files) are compared across the whole run of refusals and
+read-only calls, and around each call of a tool that writes with a value its schema allows, where an acceptance
+must have exactly the effect the tool promises.
 
 Non-finite numbers: JSON has none, and the SDK serialises ``float("nan")``, ``inf`` and ``-inf`` as ``null``, so
 those reach the server as ``null``. To reach it as numbers, the bare literals ``NaN``, ``Infinity`` and
@@ -335,9 +337,11 @@ class Tally:
 
 @dataclass(frozen=True)
 class Probe:
-    """One fuzz call: ``parameter`` of ``tool`` set to ``value`` (or the unknown argument)."""
+    """One fuzz call: ``parameter`` of ``tool`` set to ``value`` (or the unknown argument), judged against
+    ``schema``, the tool's enforced argument schema."""
 
     tool: Any
+    schema: dict[str, Any]
     parameter: str
     value: Hostile
 
@@ -351,7 +355,7 @@ class Probe:
         return not (hints is not None and hints.read_only_hint)
 
     def required(self) -> dict[str, Any]:
-        schema = self.tool.input_schema
+        schema = self.schema
         return {name: plausible(name, schema["properties"][name]) for name in schema.get("required", [])}
 
     def arguments(self, *, arriving: bool = False) -> dict[str, Any]:
@@ -359,19 +363,21 @@ class Probe:
 
     @cached_property
     def allowed(self) -> bool:
-        """Whether the published schema accepts this call's arguments."""
+        """Whether the enforced schema accepts this call's arguments."""
         if self.parameter == UNKNOWN:
             return False
-        return schema_allows(self.tool.input_schema, self.arguments(arriving=True))
+        return schema_allows(self.schema, self.arguments(arriving=True))
 
 
-def probes(tools: list[Any]) -> list[Probe]:
+def probes(tools: list[Any], enforced: dict[str, dict[str, Any]]) -> list[Probe]:
     """Every hostile value for every parameter of every tool, and one unknown argument per tool."""
     planned: list[Probe] = []
     for tool in tools:
-        for parameter, schema in tool.input_schema.get("properties", {}).items():
-            planned.extend(Probe(tool, parameter, value) for value in hostile_values(schema))
-        planned.append(Probe(tool, UNKNOWN, plain("unknown argument", 1)))
+        schema = enforced[tool.name]
+        assert set(schema.get("properties", {})) == set(tool.input_schema.get("properties", {})), tool.name
+        for parameter, parameter_schema in schema.get("properties", {}).items():
+            planned.extend(Probe(tool, schema, parameter, value) for value in hostile_values(parameter_schema))
+        planned.append(Probe(tool, schema, UNKNOWN, plain("unknown argument", 1)))
     return planned
 
 
@@ -404,7 +410,7 @@ class FuzzRun:
         """The refusal of the tool called with its required arguments only (None: it was accepted)."""
         name = probe.tool.name
         if name not in self.baselines:
-            plain_call = Probe(probe.tool, "", plain("baseline", None))
+            plain_call = Probe(probe.tool, probe.schema, "", plain("baseline", None))
             if probe.writes:
                 result = await self.write_checked(plain_call, plain_call.required())
             else:
@@ -547,7 +553,7 @@ async def test_every_tool_refuses_hostile_arguments_by_name_without_crashing_or_
             saved = await run.call("tpu_save_hf_token", {"token": HF_TOKEN}, "setup")
             assert not saved.is_error, texts(saved)
             tools = (await client.list_tools()).tools
-            planned = probes(tools)
+            planned = probes(tools, world.enforced_schemas())
             reads_and_refusals = [probe for probe in planned if not (probe.writes and probe.allowed)]
             allowed_writes = [probe for probe in planned if probe.writes and probe.allowed]
 

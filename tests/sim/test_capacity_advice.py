@@ -11,10 +11,11 @@ import pytest
 from google.api_core import exceptions
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1
+from google.cloud import compute_v1, tpu_v2
 
 from localcloud.tpu_sim import SimServer, World
 from localcloud.tpu_sim.advice_wire import APPROVAL_S
+from localcloud.tpu_sim.compute_validation import ComputeApiError
 from tests.support.fixtures_compute_sim import lab_world
 
 PROJECT = "demo-proj"
@@ -169,7 +170,7 @@ def future_reservation(name: str, start: datetime, days: int = 2, chips: int = 4
     }
 
 
-def reservation_bound(name: str) -> dict[str, Any]:
+def reservation_bound(name: str, reservation: str = "tpuctl-v6e4") -> dict[str, Any]:
     return {
         "name": name,
         "machineType": f"zones/{ZONE_A}/machineTypes/ct6e-standard-4t",
@@ -178,7 +179,7 @@ def reservation_bound(name: str) -> dict[str, Any]:
         "reservationAffinity": {
             "consumeReservationType": "SPECIFIC_RESERVATION",
             "key": "compute.googleapis.com/reservation-name",
-            "values": [f"projects/{PROJECT}/reservations/tpuctl-v6e4"],
+            "values": [f"projects/{PROJECT}/reservations/{reservation}"],
         },
     }
 
@@ -219,7 +220,7 @@ def test_future_reservation_inserts_are_refused_naming_the_field(sims: list[Sim]
         (future_reservation("fr-long", START + timedelta(days=1), days=91), r"resource\.timeWindow\.endTime"),
         (future_reservation("fr-far", START + timedelta(days=121)), r"resource\.timeWindow\.startTime"),
         (future_reservation("fr-odd", START + timedelta(days=1), chips=3), r"acceleratorCount"),
-        (future_reservation("fr-name", START, reservation_name="other"), r"resource\.reservationName"),
+        (future_reservation("fr-name", START, reservation_name="Not_A-Name"), r"resource\.reservationName"),
     ]
     for body, field in cases:
         with pytest.raises(exceptions.BadRequest, match=field):
@@ -235,6 +236,98 @@ def test_a_reservation_whose_window_lacks_chips_is_declined(sims: list[Sim]) -> 
     sim.world.advance(APPROVAL_S)
     statuses = {fr.name: fr.status.procurement_status for fr in sim.reservations.list(project=PROJECT, zone=ZONE_A)}
     assert statuses == {"fr-b": "APPROVED", "fr-c": "DECLINED"}  # 8 on-demand chips, 8 already promised
+
+
+BOOKED = "cal-booked"  # a reservation no scenario declares: the booking creates it
+
+
+def undeclared_world() -> dict[str, Any]:
+    """8 on-demand v6e chips in us-east5-a and no declared reservation."""
+    return lab_world({ZONE_A: {"capacity": {"v6e": {"on_demand": 8}}}})
+
+
+def book(sim: Sim, name: str, start: datetime) -> None:
+    body = compute_v1.FutureReservation(future_reservation(name, start, reservation_name=BOOKED))
+    sim.reservations.insert(project=PROJECT, zone=ZONE_A, future_reservation_resource=body).result()
+
+
+def test_a_booked_reservation_exists_from_approval_for_instances_and_is_unknown_once_deleted(sims: list[Sim]) -> None:
+    sims.append(sim := Sim(undeclared_world()))
+    world = sim.world
+    book(sim, "fr-vm", START + timedelta(hours=1))
+    with pytest.raises(ComputeApiError, match=f"reservations/{BOOKED}' was not found"):
+        world.compute.insert(PROJECT, ZONE_A, reservation_bound("vm-early", BOOKED))  # not approved yet
+    world.advance(APPROVAL_S)
+    world.compute.insert(PROJECT, ZONE_A, reservation_bound("vm-before", BOOKED))  # accepted: it exists, empty
+    world.advance(600)
+    assert world.compute.status(ZONE_A, "vm-before") is None  # an empty reservation before the start: no VM
+    world.advance(3600)
+    world.compute.insert(PROJECT, ZONE_A, reservation_bound("vm-1", BOOKED))
+    world.advance(600)
+    assert world.compute.status(ZONE_A, "vm-1") == "RUNNING"
+    assert world.kernel.pool(ZONE_A, "v6e", f"reservation:{BOOKED}").used == 4
+    assert world.kernel.pool(ZONE_A, "v6e", "on_demand").free == 4  # the booking holds the other 4
+    world.compute.delete(PROJECT, ZONE_A, "vm-1")
+    world.advance(600)
+    sim.reservations.delete(project=PROJECT, zone=ZONE_A, future_reservation="fr-vm").result()
+    with pytest.raises(ComputeApiError, match=f"reservations/{BOOKED}' was not found") as refused:
+        world.compute.insert(PROJECT, ZONE_A, reservation_bound("vm-2", BOOKED))
+    assert refused.value.http_status == 404
+
+
+def test_a_booked_reservation_is_consumed_by_a_queued_resource_on_the_tpu_wire(sims: list[Sim]) -> None:
+    sims.append(sim := Sim(undeclared_world()))
+    world = sim.world
+    tpu = tpu_v2.TpuClient(
+        transport="rest",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": sim.server.base_url},
+    )
+    parent = f"projects/{PROJECT}/locations/{ZONE_A}"
+
+    def queued(qr_id: str) -> tpu_v2.QueuedResource:
+        node = tpu_v2.Node(
+            accelerator_type="v6e-4", runtime_version="v2-alpha-tpuv6e", labels={"tpuctl-deployment": "d"}
+        )
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=f"{qr_id}-node", node=node)
+        return tpu_v2.QueuedResource(
+            tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]), reservation_name=f"{parent}/reservations/{BOOKED}"
+        )
+
+    def state(qr_id: str) -> str:
+        return tpu.get_queued_resource(name=f"{parent}/queuedResources/{qr_id}").state.state.name
+
+    book(sim, "fr-qr", START + timedelta(hours=1))
+    with pytest.raises(exceptions.BadRequest, match="Reservation"):
+        tpu.create_queued_resource(parent=parent, queued_resource_id="qr-early", queued_resource=queued("qr-early"))
+    world.advance(APPROVAL_S)
+    tpu.create_queued_resource(parent=parent, queued_resource_id="qr-1", queued_resource=queued("qr-1"))
+    world.advance(600)
+    assert state("qr-1") == "WAITING_FOR_RESOURCES"  # the reservation exists, without chips before its start
+    world.advance(3600)
+    assert state("qr-1") == "ACTIVE"
+    assert world.kernel.pool(ZONE_A, "v6e", f"reservation:{BOOKED}").used == 4
+    tpu.delete_queued_resource(
+        request=tpu_v2.DeleteQueuedResourceRequest(name=f"{parent}/queuedResources/qr-1", force=True)
+    )
+    world.advance(600)
+    sim.reservations.delete(project=PROJECT, zone=ZONE_A, future_reservation="fr-qr").result()
+    with pytest.raises(exceptions.BadRequest, match="Reservation"):
+        tpu.create_queued_resource(parent=parent, queued_resource_id="qr-2", queued_resource=queued("qr-2"))
+    tpu.transport.close()
+
+
+def test_a_declined_booking_creates_no_reservation(sims: list[Sim]) -> None:
+    sims.append(sim := Sim(undeclared_world()))
+    body = compute_v1.FutureReservation(
+        future_reservation("fr-big", START + timedelta(hours=1), chips=16, reservation_name=BOOKED)
+    )
+    sim.reservations.insert(project=PROJECT, zone=ZONE_A, future_reservation_resource=body).result()
+    sim.world.advance(APPROVAL_S)
+    got = sim.reservations.get(project=PROJECT, zone=ZONE_A, future_reservation="fr-big")
+    assert got.status.procurement_status == "DECLINED"  # 16 chips asked, 8 in the zone
+    with pytest.raises(ComputeApiError, match="was not found"):
+        sim.world.compute.insert(PROJECT, ZONE_A, reservation_bound("vm-1", BOOKED))
 
 
 def advice_trace(sim: Sim) -> list[list[tuple[str, float]]]:

@@ -22,7 +22,7 @@ from shared.messages import (
     StopDeployment,
     UpdateDeployment,
 )
-from shared.ports import SchedulerApi, TpuApi
+from shared.ports import CalendarReservations, SchedulerApi, TpuApi
 from shared.services.provisioner import Provisioner, ProvisionerSettings
 
 DEPLOYMENT = "gemma"
@@ -52,8 +52,10 @@ class Harness:
         *,
         scheduler: SchedulerApi | None = None,
         settings: ProvisionerSettings | None = None,
+        calendar: CalendarReservations | None = None,
     ) -> None:
         self.world = world
+        self.calendar = calendar
         self.tpu = tpu
         self.store = SqliteStateStore(store_path)
         self.clock = world.clock
@@ -66,7 +68,9 @@ class Harness:
         settings = self.settings
         if holder is not None:
             settings = ProvisionerSettings(**{**settings.__dict__, "holder": holder})
-        return Provisioner(self.store, tpu or self.tpu, self.clock, scheduler=self.scheduler, settings=settings)
+        return Provisioner(
+            self.store, tpu or self.tpu, self.clock, scheduler=self.scheduler, settings=settings, calendar=self.calendar
+        )
 
     # -- messages
 

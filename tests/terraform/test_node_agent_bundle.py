@@ -179,6 +179,7 @@ runtime = Runtime(get_settings())
 runtime.clock, runtime.bus  # what main() builds before it serves
 runtime.log_sink("trace", "tpuctl-vllm")  # Cloud Logging as the VM: google-auth's compute-engine credentials
 import node_agent.log_shipper  # the shipping thread's own module
+import opentelemetry.exporter.cloud_trace  # TPUCTL_TRACE_EXPORT=cloud-trace, as the startup script may set it
 agent.NodeAgentSettings()
 owners = {}
 for dist in md.distributions():

@@ -442,6 +442,10 @@ def test_each_component_holds_exactly_the_roles_issue_9_lists(
     identities = load_module(TERRAFORM_ROOT / "modules" / "identities")
     tpu_vm_roles = identities.resources["google_project_iam_member", "tpu_vm"]["for_each"]
     assert "roles/logging.logWriter" in tpu_vm_roles and "roles/monitoring.metricWriter" in tpu_vm_roles
+    traces = identities.resources["google_project_iam_member", "tpu_vm_trace_writer"]  # the node agent's spans
+    assert traces["role"] == "roles/cloudtrace.agent" and traces["count"] == "${var.tpu_vm_writes_traces ? 1 : 0}"
+    env_identities = load_module(TERRAFORM_ROOT / "envs" / "default").modules["identities"]
+    assert env_identities["tpu_vm_writes_traces"] == '${var.trace_export == "cloud-trace"}'
     assert identities.resources["google_pubsub_topic_iam_member", "tpu_vm_publisher"]["topic"] == "${var.events_topic}"
     assert identities.locals["gateway_project_roles"] == [
         "roles/datastore.viewer",

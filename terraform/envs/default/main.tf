@@ -358,6 +358,8 @@ module "identities" {
   debug_bundle_bucket = google_storage_bucket.debug_bundles.name
   gateway_principals  = var.gateway_principals
   tpu_vm_users        = { provision = module.provision.service_account_member }
+  # The startup script sets TPUCTL_TRACE_EXPORT=cloud-trace for the node agents when the functions export there.
+  tpu_vm_writes_traces = var.trace_export == "cloud-trace"
   # The provisioner opens each deployment's node channel and grants the TPU VM account subscriber on it.
   node_channel_managers = { provision = module.provision.service_account_member }
 }
@@ -528,6 +530,34 @@ resource "google_project_iam_custom_role" "provision_tpu" {
 resource "google_project_iam_member" "provision_tpu" {
   project = local.project_id
   role    = google_project_iam_custom_role.provision_tpu.id
+  member  = module.provision.service_account_member
+}
+
+# Calendar-mode windows (shared/adapters/compute_calendar.py): the provisioner submits a confirmed deployment's
+# future reservation, reads its procurement status, lists the deployments' zones for orphans and deletes the
+# bookings nothing needs. compute.futureReservations.* cannot be scoped to names: the controller itself touches only
+# tpuctl-cal-* bookings. Off (enable_calendar_reservations = false): a confirmed booking is refused for permission.
+resource "google_project_iam_custom_role" "provision_calendar" {
+  count = var.enable_calendar_reservations ? 1 : 0
+
+  project     = local.project_id
+  role_id     = "${replace(var.name_prefix, "-", "_")}ProvisionCalendar"
+  title       = "tpuctl provision calendar-mode reservations"
+  description = "Book, read, list and release the controller's calendar-mode future reservations."
+  permissions = [
+    "compute.futureReservations.create",
+    "compute.futureReservations.delete",
+    "compute.futureReservations.get",
+    "compute.futureReservations.list",
+    "compute.zoneOperations.get",
+  ]
+}
+
+resource "google_project_iam_member" "provision_calendar" {
+  count = var.enable_calendar_reservations ? 1 : 0
+
+  project = local.project_id
+  role    = google_project_iam_custom_role.provision_calendar[0].id
   member  = module.provision.service_account_member
 }
 

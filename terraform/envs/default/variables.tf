@@ -113,7 +113,7 @@ variable "spot_probe" {
 }
 
 variable "trace_export" {
-  description = "TPUCTL_TRACE_EXPORT of the functions: where their OpenTelemetry spans go (cloud-trace or none)."
+  description = "TPUCTL_TRACE_EXPORT of the functions and, through the startup script, of the node agents: where their OpenTelemetry spans go (cloud-trace or none)."
   type        = string
   default     = "cloud-trace"
 
@@ -210,6 +210,12 @@ variable "enable_compute_engine_backend" {
   description = "Grant provision the Compute Engine permissions of the second TPU back end (ct6e VMs)."
   type        = bool
   default     = false
+}
+
+variable "enable_calendar_reservations" {
+  description = "Grant provision the rights to book and release calendar-mode future reservations (tpuctlProvisionCalendar)."
+  type        = bool
+  default     = true
 }
 
 variable "notification_channels" {

@@ -27,6 +27,16 @@ resource "google_project_iam_member" "tpu_vm" {
   member  = "serviceAccount:${google_service_account.tpu_vm.email}"
 }
 
+# The node agent's spans (shared/tracing.py): only when the controller exports to Cloud Trace, as the startup script
+# then tells the agent to (TPUCTL_TRACE_EXPORT=cloud-trace).
+resource "google_project_iam_member" "tpu_vm_trace_writer" {
+  count = var.tpu_vm_writes_traces ? 1 : 0
+
+  project = var.project_id
+  role    = "roles/cloudtrace.agent"
+  member  = "serviceAccount:${google_service_account.tpu_vm.email}"
+}
+
 resource "google_pubsub_topic_iam_member" "tpu_vm_publisher" {
   project = var.project_id
   topic   = var.events_topic

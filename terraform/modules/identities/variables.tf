@@ -45,6 +45,12 @@ variable "node_channel_managers" {
   }
 }
 
+variable "tpu_vm_writes_traces" {
+  description = "Grant the TPU VM account roles/cloudtrace.agent: its node agents export spans to Cloud Trace."
+  type        = bool
+  default     = false
+}
+
 variable "tpu_vm_users" {
   description = "IAM members allowed to create TPU VMs that run as the TPU VM account, keyed by a static name."
   type        = map(string)
