@@ -44,7 +44,7 @@ __all__ = ["ADVICE_TABLE", "APPROVAL_S"]
 
 APPROVAL_S = 60.0
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_PROJECT = r"^/compute/v1/projects/(?P<project>[^/]+)"
+_PROJECT = r"^/compute/(?:v1|beta)/projects/(?P<project>[^/]+)"  # gcloud sends its beta track to /beta
 _REGION = _PROJECT + r"/regions/(?P<region>[^/]+)"
 _ZONE = _PROJECT + r"/zones/(?P<zone>[^/]+)"
 

@@ -33,10 +33,10 @@ from localcloud.tpu_sim.world import World
 
 __all__ = ["COMPUTE_ENDPOINTS", "COMPUTE_PREFIXES", "COMPUTE_SERVICE_ID", "catalog_skus", "compute_dispatch"]
 
-COMPUTE_PREFIXES = ("/compute/v1/", "/v1/services")
+COMPUTE_PREFIXES = ("/compute/v1/", "/compute/beta/", "/v1/services")  # gcloud beta commands use /beta
 COMPUTE_SERVICE_ID = "6F81-5844-456A"
 
-_PROJECT = r"^/compute/v1/projects/(?P<project>[^/]+)"
+_PROJECT = r"^/compute/(?:v1|beta)/projects/(?P<project>[^/]+)"
 _ZONE = _PROJECT + r"/zones/(?P<zone>[^/]+)"
 _FAULT_REASONS = {429: "rateLimitExceeded", 500: "backendError", 503: "backendError", 504: "backendError"}
 _FAULT_MESSAGES = {
