@@ -138,6 +138,8 @@ def _no_longer_needed(record: DeploymentRecord, now: datetime) -> str | None:
         return "the deployment is stopped"
     if status.phase is Phase.FAILED:
         return "the deployment failed"
+    if status.phase in (Phase.DELETING, Phase.DELETED):
+        return "the deployment was torn down (its TTL or budget)"
     if record.spec.calendar is None:
         return "the spec no longer asks for a calendar window"
     assert booking is not None
@@ -160,8 +162,8 @@ def next_step(record: DeploymentRecord, now: datetime) -> Step | None:
     why = _no_longer_needed(record, now)
     if why is not None:
         return Release(booking.name, booking.window.zone, why)
-    if now >= booking.window.end:
-        return None  # the period is over; Compute Engine deleted the reservation and its TPUs
+    if now >= booking.window.end:  # Compute Engine deleted the reservation and its TPUs; the request goes too
+        return Release(booking.name, booking.window.zone, "its period ended")
     if booking.checked_at is None or now - booking.checked_at >= REFRESH_EVERY:
         return Refresh(booking.name, booking.window.zone)
     return None

@@ -6,7 +6,7 @@ Validation here is the single source of the allow-lists that commands are checke
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -443,6 +443,14 @@ class DeploymentRecord(BaseModel):
         max_length=64,
         description="W3C trace context of the last command applied: the ticks' work for it joins its trace.",
     )
+
+    @property
+    def ttl_ends_at(self) -> datetime | None:
+        """When the TTL tears it down: TTL hours from the create, or from a booked calendar window's start."""
+        if self.spec.ttl_hours is None:
+            return None
+        began = self.created_at if self.spec.calendar is None else max(self.created_at, self.spec.calendar.start)
+        return began + timedelta(hours=self.spec.ttl_hours)
 
     @property
     def live(self) -> bool:

@@ -132,8 +132,9 @@ _DEAD_NODES = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED})
 
 def needs_ticks(record: DeploymentRecord) -> bool:
     """True while reconcile ticks still have work for this deployment (the tick job must stay on)."""
-    if record.status.resources or record.status.probes:
-        return True
+    booking = record.status.calendar
+    if record.status.resources or record.status.probes or (booking is not None and booking.released_at is None):
+        return True  # a held calendar booking too: the booker releases it on a tick once nothing needs it
     phase = record.status.phase
     if record.desired is Desired.ABSENT:
         return phase is not Phase.DELETED
@@ -324,7 +325,8 @@ class _Planning(PlanningPass):
         if self.record.desired is Desired.PRESENT and self.before.phase in (Phase.DELETING, Phase.DELETED):
             # Only a TTL or budget teardown leaves a wanted deployment deleting; it stays torn down.
             return re.split(r"[:;]", self.before.message, maxsplit=1)[0] or "torn down"
-        if spec.ttl_hours is not None and self.now - self.record.created_at >= timedelta(hours=spec.ttl_hours):
+        ends = self.record.ttl_ends_at
+        if ends is not None and self.now >= ends:
             return f"ttl of {spec.ttl_hours:g} h reached"
         if spec.budget_usd is not None:
             # Stop early: a slice bills from READY (seen up to a tick late) until the delete lands (a tick or two).

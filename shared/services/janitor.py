@@ -123,7 +123,8 @@ class Janitor:
         if record.status.phase is Phase.DELETED:
             return "its deployment is deleted"
         spec = record.spec
-        if spec.ttl_hours is not None and now - record.created_at >= timedelta(hours=spec.ttl_hours):
+        ends = record.ttl_ends_at
+        if ends is not None and now >= ends:
             return f"its deployment is past its {spec.ttl_hours:g} h TTL"
         referenced = any(ref.name == resource.name for ref in record.status.resources)
         old_enough = resource.created_at is None or now - resource.created_at >= self._grace

@@ -150,3 +150,16 @@ def test_an_orphaned_booking_of_ours_is_released_and_others_are_left_alone(make:
     assert sorted(c.booked()) == sorted([NAME, "someone-elses"])
     h.assert_invariants()  # the sim counts tpuctl's bookings no live deployment holds as orphans: none now
     assert any(f"released orphaned calendar booking {ZONE}/{booking_name('ghost')}" in tick for tick in h.ticks)
+
+
+def test_the_ttl_runs_from_the_window_and_its_teardown_releases_the_booking(make: Any) -> None:
+    c = make(_pools(on_demand=8))
+    h = c.h
+    h.create(c.spec(timedelta(hours=2)).model_copy(update={"ttl_hours": 1.0}))
+    h.run_until_phase(Phase.BOOTING, minutes=180)  # a TTL counted from the create would have ended it at 1 h
+    assert h.record().status.tier is Tier.RESERVATION
+    h.run_until_phase(Phase.DELETED, minutes=90)
+    booking = h.record().status.calendar
+    assert booking is not None and booking.release_reason == "the deployment was torn down (its TTL or budget)"
+    assert c.booked() == []
+    h.assert_invariants()

@@ -30,6 +30,7 @@ from shared.domain.models import (
     Phase,
     Tier,
 )
+from shared.domain.planner import needs_ticks
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 WINDOW = CalendarWindow(zone="us-east5-a", start=NOW + timedelta(hours=5), end=NOW + timedelta(days=1, hours=5))
@@ -110,6 +111,7 @@ def test_a_booking_is_read_again_every_five_minutes() -> None:
         ({"desired": Desired.ABSENT}, "the deployment is deleted"),
         ({"desired": Desired.STOPPED}, "the deployment is stopped"),
         ({"phase": Phase.FAILED}, "the deployment failed"),
+        ({"phase": Phase.DELETED}, "the deployment was torn down (its TTL or budget)"),
         ({"procurement": "DECLINED"}, "the booking was declined"),
         ({"phase": Phase.SERVING, "tier": Tier.SPOT}, "serving from spot capacity before the window starts"),
     ],
@@ -128,9 +130,9 @@ def test_serving_from_the_reservation_itself_or_after_the_window_started_keeps_i
     assert not isinstance(next_step(elsewhere, WINDOW.start + timedelta(minutes=1)), Release)  # paid: kept
 
 
-def test_a_released_booking_or_an_ended_period_needs_nothing() -> None:
+def test_a_released_booking_needs_nothing_and_an_ended_period_is_released() -> None:
     assert next_step(record(desired=Desired.ABSENT, calendar=booking(released_at=NOW)), NOW) is None
-    assert next_step(record(calendar=booking()), WINDOW.end) is None
+    assert next_step(record(calendar=booking()), WINDOW.end) == Release(NAME, "us-east5-a", "its period ended")
 
 
 def test_the_search_holds_the_reservation_tier_back_until_the_booking_is_fulfilled() -> None:
@@ -149,3 +151,17 @@ def test_the_waiting_message_says_when_the_window_opens() -> None:
     assert message == f"calendar reservation {NAME} in us-east5-a is approved; its window starts in 5 h 0 min"
     assert "in 1 d 5 h" in waiting_message(booking(), NOW - timedelta(days=1))
     assert "now (waiting for Compute Engine" in waiting_message(booking(), WINDOW.start)
+
+
+def test_a_held_booking_keeps_the_ticks_on_until_it_is_released() -> None:
+    torn_down = record(phase=Phase.DELETED, calendar=booking())
+    assert needs_ticks(torn_down)
+    released = record(phase=Phase.DELETED, calendar=booking(released_at=NOW))
+    assert not needs_ticks(released)
+
+
+def test_a_booked_deployments_ttl_runs_from_its_window() -> None:
+    booked = record(spec(ttl_hours=2.0))
+    assert booked.ttl_ends_at == WINDOW.start + timedelta(hours=2)
+    plain = record(spec(ttl_hours=2.0, calendar=None, tiers=(Tier.SPOT,), reservation_name=None))
+    assert plain.ttl_ends_at == NOW + timedelta(hours=2)

@@ -11,6 +11,7 @@ import pytest
 from shared.domain.cloud import LABEL_DEPLOYMENT, LABEL_GENERATION, ObservedResource
 from shared.domain.errors import ErrorClass
 from shared.domain.models import (
+    CalendarWindow,
     DeploymentRecord,
     DeploymentSpec,
     DeploymentStatus,
@@ -545,6 +546,28 @@ class TestTeardown:
         actions = plan(record, [seen(a)], [], NOW)
         assert [d.name for d in deletes(actions)] == [a.name]
         assert "ttl" in status_of(actions).message
+
+    def test_a_booked_window_starts_the_ttl_clock_at_its_start(self) -> None:
+        zone = ZONES[0]
+        window = CalendarWindow(zone=zone, start=NOW - timedelta(minutes=30), end=NOW + timedelta(days=1))
+        booked = {"tiers": (Tier.RESERVATION,), "reservation_name": "tpuctl-cal-gemma", "calendar": window}
+        a = ref(0, zone, QR.ACTIVE, active_at=NOW - timedelta(minutes=20))
+        created = NOW - timedelta(days=2)  # created two days before its window: the TTL has not run
+        kept = plan(
+            make_record([a], next_attempt=1, phase=Phase.SERVING, ttl_hours=1, created_at=created, **booked),
+            [seen(a)],
+            [],
+            NOW,
+        )
+        assert deletes(kept) == []
+        later = NOW + timedelta(minutes=31)
+        gone = plan(
+            make_record([a], next_attempt=1, phase=Phase.SERVING, ttl_hours=1, created_at=created, **booked),
+            [seen(a)],
+            [],
+            later,
+        )
+        assert [d.name for d in deletes(gone)] == [a.name] and "ttl" in status_of(gone).message
 
     def test_the_budget_tears_the_deployment_down(self) -> None:
         a = ref(0, "us-central1-b", QR.ACTIVE, active_at=NOW - timedelta(hours=1))
