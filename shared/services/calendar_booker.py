@@ -27,7 +27,7 @@ from shared.domain.calendar_mode import (
     plannable_spec,
     waiting_message,
 )
-from shared.domain.errors import CloudError
+from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import CalendarBooking, DeploymentRecord, DeploymentSpec, DeploymentStatus, Desired, Phase
 from shared.ports import CalendarReservations, Clock
 
@@ -48,6 +48,7 @@ class CalendarBooker:
         self._clock = clock
         self._sweep_every_s = sweep_every_s
         self._last_sweep: float | None = None
+        self._warned = False
 
     def run(self, record: DeploymentRecord, write: StatusWriter) -> DeploymentRecord:
         """The deployment's booking steps, each outcome written: a read that finds it lost is released in the same
@@ -144,8 +145,10 @@ class CalendarBooker:
                 if owner_of(name) is not None and (zone, name) not in held:
                     self._calendar.release(zone, name)
                     released.append(f"{zone}/{name}")
-        except CloudError as exc:
-            log.warning("calendar sweep stopped: %s", exc)
+        except CloudError as exc:  # without the calendar role (enable_calendar_reservations off) once, not every sweep
+            level = logging.DEBUG if exc.error_class is ErrorClass.PERMISSION and self._warned else logging.WARNING
+            self._warned = self._warned or exc.error_class is ErrorClass.PERMISSION
+            log.log(level, "calendar sweep stopped: %s", exc)
         for item in released:
             log.warning("released orphaned calendar booking %s", item)
         return released
