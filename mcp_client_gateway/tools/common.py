@@ -182,6 +182,7 @@ class ConfirmationRefused(ToolError):
         super().__init__(error.render())
         request = error.confirmation
         assert request is not None
+        self.request = request
         self.result = error_result(error, **request.model_dump(mode="json"))
 
 

@@ -119,8 +119,44 @@ ClearArg = Annotated[
 
 
 def register_create(tools: ToolSet) -> None:
-    """``tpu_create_deployment`` (not served read-only)."""
+    """``tpu_create_deployment`` (not served read-only); booking a calendar window is confirmed like a destructive
+    call: by elicitation when the client supports it, else by the token its refusal hands out."""
     core = tools.core
+
+    def booking_confirmation(
+        ctx: Context,
+        deployment_id: str,
+        model: str,
+        accelerator: str = "v6e-4",
+        zones: list[str] | None = None,
+        tiers: list[str] | None = None,
+        hedge: int | None = None,
+        ttl_hours: float | None = None,
+        budget_usd: float | None = None,
+        idle_minutes: int | None = None,
+        max_model_len: int | None = None,
+        kv_cache_dtype: str | None = None,
+        dtype: str | None = None,
+        alternative_accelerators: list[str] | None = None,
+        book_calendar: bool = False,
+    ) -> ConfirmationRequest | None:
+        """With elicitation and a window to book: its terms and a token, minted before asking. A create that books
+        and carries no token is refused before anything is published, so this never creates anything."""
+        if not book_calendar or not supports_elicitation(ctx):
+            return None
+        arguments = {name: value for name, value in locals().items() if name in _CREATE_PARAMETERS}
+        try:
+            core.create_deployment(**{**arguments, "confirm": None})
+        except GatewayError as exc:
+            if exc.confirmation is None:
+                raise GatewayToolError(exc) from None
+            return exc.confirmation
+        raise GatewayToolError(GatewayError("internal", None, "a booking create was not refused for confirmation"))
+
+    def ask_booking(request: Annotated[ConfirmationRequest | None, Resolve(booking_confirmation)]) -> Any:
+        if request is None:
+            return None
+        return Elicit(f"{request.impact}. Type '{request.target}' to confirm.", ConfirmForm)
 
     if not tools.read_only:
 
@@ -131,6 +167,8 @@ def register_create(tools: ToolSet) -> None:
         )
         async def tpu_create_deployment(
             deployment_id: DeploymentIdArg,
+            booking: Annotated[ConfirmationRequest | None, Resolve(booking_confirmation)],
+            answer: Annotated[ElicitationResult[ConfirmForm], Resolve(ask_booking)],
             model: Annotated[ModelChoice, Field(description="Model preset to serve.")],
             accelerator: Annotated[AcceleratorChoice, Field(description="TPU slice type.")] = "v6e-4",
             zones: CreateZonesArg = None,
@@ -151,6 +189,7 @@ def register_create(tools: ToolSet) -> None:
             load take minutes to hours in the cloud. Costs money once a slice is ACTIVE. Follow with
             tpu_get_operation."""
             arguments = {name: value for name, value in locals().items() if name in _CREATE_PARAMETERS}
+            arguments["confirm"] = token_to_use(booking, answer, confirm)  # a user who was asked: the minted token
             try:
                 accepted = await run(lambda: core.create_deployment(**arguments))
             except ConfirmationRefused as refused:  # book_calendar: the window and its price, confirmed first

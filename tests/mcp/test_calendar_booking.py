@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from mcp import Client
+from mcp.types import ElicitResult
 
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.errors import GatewayError
@@ -166,3 +168,27 @@ async def test_over_mcp_the_refusal_carries_the_terms_and_a_token_books(world: G
     assert not accepted.is_error
     (message,) = world.published()
     assert message.spec.calendar is not None and message.spec.reservation_name == "tpuctl-cal-gemma-a"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("action", "typed", "books"), [("accept", "gemma-a", True), ("accept", "yes", False), ("decline", None, False)]
+)
+async def test_a_client_with_elicitation_asks_the_user_with_the_terms(
+    world: GatewayWorld, windows: Windows, action: str, typed: str | None, books: bool
+) -> None:
+    asked: list[str] = []
+
+    async def callback(context: Any, params: Any) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action=action, content={"confirm": typed} if typed else None)  # type: ignore[arg-type]
+
+    arguments = {"deployment_id": "gemma-a", "model": "gemma-4-26b-a4b", "zones": [ZONE], "book_calendar": True}
+    async with Client(build_server(_core(world, windows)), elicitation_callback=callback) as session:
+        result = await session.call_tool("tpu_create_deployment", arguments)
+    assert len(asked) == 1 and "paid for the whole window whether used or not" in asked[0]
+    assert result.is_error is not books
+    published = world.published()
+    assert len(published) == (1 if books else 0)
+    if books:
+        assert published[0].spec.calendar is not None
