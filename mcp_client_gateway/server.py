@@ -78,6 +78,8 @@ def instructions(toolset: Toolset, tools: list[Tool]) -> str:
     ]
     if confirmed:
         parts.append(f"Destructive tools ({', '.join(confirmed)}) {_CONFIRMING}")
+    if "tpu_create_deployment" in served:
+        parts.append("A create with book_calendar is confirmed the same way: the window is paid whole, used or not.")
     parts += [_TOOLSET_NOTE[toolset], _CLOSING]
     return " ".join(part for part in parts if part)
 
