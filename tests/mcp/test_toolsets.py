@@ -61,8 +61,10 @@ async def test_each_toolset_lists_exactly_its_tools_and_instructions_name_only_t
     if toolset != "read-only":
         assert "tpu_update_deployment" in _confirmed_in(instructions)
         assert "Commands only publish" in instructions
+        assert "A create with book_calendar is confirmed the same way" in instructions
     else:
         assert "read-only toolset" in instructions and "Commands only publish" not in instructions
+        assert "book_calendar" not in instructions
 
 
 async def test_every_tool_is_marked_and_the_read_only_set_is_the_read_only_hints(world: GatewayWorld) -> None:
