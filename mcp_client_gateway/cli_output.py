@@ -145,6 +145,7 @@ def render_detail(detail: DeploymentDetail, out: Output) -> None:
     ]
     if detail.boot is not None:
         facts.append(("boot", f"{detail.boot.text} since {detail.boot.stage_since:%H:%M:%S} on {detail.boot.node}"))
+        facts += [("boot stages", detail.boot.stages.text)] if detail.boot.stages is not None else []
     facts += [("engine", detail.engine_summary)] if detail.engine_summary else []
     facts += [("finding", finding) for finding in detail.findings]
     out.out.print(_table("Deployment", ("FIELD", "VALUE"), facts))

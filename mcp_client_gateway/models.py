@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mcp_client_gateway.boot_views import BootStagesView
 from mcp_client_gateway.calendar_views import CalendarQuoteView
 from mcp_client_gateway.slice_views import AlternativeSliceView
 from shared.domain.untrusted import benchmark_result_view, clean_text, node_system_view
@@ -239,6 +240,7 @@ class BootView(_View):
     detail: str = Field(description="The script's own words: untrusted VM text, cleaned and at most 300 chars.")
     stage_since: datetime
     seen_at: datetime
+    stages: BootStagesView | None = Field(default=None, description="How long each finished boot stage took.")
 
 
 class NodeTaskView(_View):

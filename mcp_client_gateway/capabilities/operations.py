@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.boot_views import BootStagesView
 from mcp_client_gateway.capabilities.checks import PHASES, optional
 from mcp_client_gateway.capabilities.common import (
     CommandPublisher,
@@ -31,8 +32,18 @@ from mcp_client_gateway.models import (
 )
 from shared.domain import deployment_progress
 from shared.domain.boot_progress import stage_text
+from shared.domain.boot_stages import stages_text
 from shared.domain.engine_facts import as_record, describe, facts_from
-from shared.domain.models import BootProgress, DeploymentRecord, DeploymentSpec, Desired, NodeTask, Phase, Tier
+from shared.domain.models import (
+    BootProgress,
+    BootStages,
+    DeploymentRecord,
+    DeploymentSpec,
+    Desired,
+    NodeTask,
+    Phase,
+    Tier,
+)
 
 __all__ = ["Operations", "deployment_stage"]
 
@@ -374,4 +385,16 @@ def _boot_view(boot: BootProgress | None) -> BootView | None:
         detail=clean_text(boot.detail, limit=300)[0],
         stage_since=boot.stage_since,
         seen_at=boot.seen_at,
+        stages=_stages_view(boot.stages),
+    )
+
+
+def _stages_view(stages: BootStages | None) -> BootStagesView | None:
+    if stages is None:
+        return None
+    return BootStagesView(
+        seconds=dict(stages.seconds),
+        weights_source=stages.weights_source,
+        weights_bytes=stages.weights_bytes,
+        text=stages_text(stages),
     )

@@ -1,4 +1,5 @@
-"""Boot progress read back from a TPU VM's guest attributes ``tpuctl/phase``, ``tpuctl/detail`` and ``tpuctl/boot``.
+"""Boot progress read back from a TPU VM's guest attributes ``tpuctl/phase``, ``tpuctl/detail``, ``tpuctl/boot`` and
+``tpuctl/stages`` (stage times: ``shared.domain.boot_stages``).
 
 Why: the startup script reports every boot step there; reading them lets the monitor show what a booting node is
 doing ("pulling image", "downloading weights", "compiling") and end a boot that failed at once instead of at the
@@ -11,7 +12,8 @@ start (the simulator keeps them too). So ``progress()`` in the script writes ``d
 its first call of a run, ``boot``: when that run began (VM clock, epoch ms). Leftovers of an earlier boot carry an
 older stamp than the boot the record follows and are ignored; a boot that ended (``serving`` or ``failed``) keeps
 its end; a tick that is not newer than the record's last change (a duplicate or out-of-order tick) changes nothing.
-Stamps are only compared with other stamps of the same node, never with the controller's clock.
+Stamps are only compared with other stamps of the same node, never with the controller's clock. The stage times
+carry their run's stamp too: another run's are dropped, and new times of the same stage and detail are a change.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared.domain.models import BootProgress
+from shared.domain.boot_stages import STAGES_KEY, parse_stages
+from shared.domain.models import BootProgress, BootStages
 from shared.domain.startup_script import BOOT_PHASES, GUEST_ATTRIBUTE_NAMESPACE
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "GuestAttribute",
     "advance_boot",
     "boot_failure",
+    "boot_open",
     "read_boot",
     "stage_text",
 ]
@@ -70,19 +74,20 @@ class GuestAttribute:
 
 @dataclass(frozen=True)
 class BootReading:
-    """One worker's accepted report: a known stage, cleaned detail, the run's start stamp (0: none)."""
+    """One worker's accepted report: a known stage, cleaned detail, the run's start stamp (0: none), its stage times."""
 
     stage: str
     detail: str
     boot: int
     worker: int = 0
+    stages: BootStages | None = None
 
 
 def read_boot(attributes: Iterable[GuestAttribute], clean: Callable[[str, int], str]) -> BootReading | None:
     """The node's report: a failing worker's if any, else the lowest worker's; None without a known phase."""
     values: dict[int, dict[str, str]] = {}
     for item in attributes:
-        if item.namespace == GUEST_ATTRIBUTE_NAMESPACE and item.key in ("phase", "detail", "boot"):
+        if item.namespace == GUEST_ATTRIBUTE_NAMESPACE and item.key in ("phase", "detail", "boot", STAGES_KEY):
             values.setdefault(item.worker, {})[item.key] = item.value[:MAX_RAW_CHARS]
     readings: list[BootReading] = []
     for worker, found in sorted(values.items()):
@@ -92,7 +97,8 @@ def read_boot(attributes: Iterable[GuestAttribute], clean: Callable[[str, int], 
         stamp = found.get("boot", "").strip()
         boot = int(stamp) if _STAMP.fullmatch(stamp) else 0
         detail = " ".join(clean(found.get("detail", ""), MAX_DETAIL_CHARS).split())[:MAX_DETAIL_CHARS]
-        readings.append(BootReading(stage=stage, detail=detail, boot=boot, worker=worker))
+        stages = parse_stages(found.get(STAGES_KEY, ""), boot)
+        readings.append(BootReading(stage=stage, detail=detail, boot=boot, worker=worker, stages=stages))
     failing = [reading for reading in readings if reading.stage == BOOT_FAILED]
     chosen = failing or readings
     return chosen[0] if chosen else None
@@ -107,7 +113,11 @@ def advance_boot(current: BootProgress | None, reading: BootReading, node: str, 
         same_boot = reading.boot == current.boot
         if same_boot and current.stage in _FINAL and reading.stage != current.stage:
             return None  # an ended boot writes nothing more: this is stale (or forged)
-        if same_boot and (reading.stage, reading.detail) == (current.stage, current.detail):
+        if same_boot and (reading.stage, reading.detail, reading.stages) == (
+            current.stage,
+            current.detail,
+            current.stages,
+        ):
             return None
         if same_boot and reading.stage == current.stage:
             since = current.stage_since
@@ -118,7 +128,13 @@ def advance_boot(current: BootProgress | None, reading: BootReading, node: str, 
         boot=reading.boot,
         stage_since=since,
         seen_at=now,
+        stages=reading.stages,
     )
+
+
+def boot_open(progress: BootProgress | None) -> bool:
+    """The record follows a boot that has not said ``serving`` or ``failed`` yet (its last words may still come)."""
+    return progress is not None and progress.stage not in _FINAL
 
 
 def boot_failure(progress: BootProgress | None, node: str) -> str | None:

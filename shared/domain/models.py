@@ -24,6 +24,7 @@ __all__ = [
     "Backend",
     "BenchmarkRun",
     "BootProgress",
+    "BootStages",
     "CommandRecord",
     "DeploymentId",
     "DeploymentRecord",
@@ -377,6 +378,20 @@ class AttemptLog(BaseModel):
     advice: float | None = None  # the request's capacity-advice obtainability (shared.domain.capacity_advice)
 
 
+class BootStages(BaseModel):
+    """How long each finished boot stage took on the VM's own clock (``tpuctl/stages``, shared.domain.boot_stages).
+
+    ``seconds`` maps ``image``, ``weights`` and ``engine`` (container start to health 200) to seconds; the weights'
+    source is ``cached`` (on the boot disk already) or ``hub`` (downloaded), their size on disk in bytes if known.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: dict[str, float] = Field(default_factory=dict)
+    weights_source: Literal["cached", "hub"] | None = None
+    weights_bytes: int | None = Field(default=None, ge=0)
+
+
 class BootProgress(BaseModel):
     """What a booting node's startup script last reported (guest attributes ``tpuctl/*``), as the monitor read it.
 
@@ -392,6 +407,7 @@ class BootProgress(BaseModel):
     boot: int = Field(default=0, ge=0)
     stage_since: UtcDateTime
     seen_at: UtcDateTime
+    stages: BootStages | None = None  # this run's finished stages and their times (None: none reported yet)
 
 
 class DeploymentStatus(BaseModel):

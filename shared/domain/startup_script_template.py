@@ -119,6 +119,27 @@ progress() {
   done
 }
 
+# uptime_cs: centiseconds on the kernel's clock since boot (/proc/uptime): monotonic, unlike the wall clock that
+# NTP may step while the VM boots.
+uptime_cs() {
+  local up rest
+  read -r up rest </proc/uptime
+  printf '%s' "$((10#${up/./}))"
+}
+
+# stage_done NAME START_CS [EXTRA]: stage NAME ran from START_CS until now. Adds "NAME=SECONDS[,EXTRA]" to this run's
+# guest attribute tpuctl/stages ("boot=STAMP;image=84.20;weights=337.00,hub,62579490816;engine=427.90"), written
+# before the phase that follows, so a reader that sees a later phase sees the times of the stages before it
+# (shared/domain/boot_stages.py). A failed write is only logged: timing never stops a boot.
+stage_done() {
+  local took
+  took=$(($(uptime_cs) - $2))
+  STAGES="${STAGES:-boot=${BOOT_STARTED}};$1=$((took / 100)).$(printf '%02d' $((took % 100)))${3:+,$3}"
+  log "stages=${STAGES}"
+  printf '%s' "${STAGES}" | curl -sf -m 5 -X PUT -H 'Metadata-Flavor: Google' --data-binary @- \
+    "${GUEST_ATTRIBUTES}/stages" >/dev/null 2>&1 || log "stages not written"
+}
+
 # The ERR trap fires where main was called, so the reason names the step that was running (a step that already
 # reported failed keeps its own, more precise reason).
 on_error() {
@@ -211,7 +232,10 @@ ensure_docker() {
 # Weights are fetched once onto the host disk by a short-lived container of the pinned image (its
 # huggingface_hub reads the token file via HF_TOKEN_PATH); the token file is deleted right after.
 download_weights() {
+  local started
+  started="$(uptime_cs)"
   if [[ -f "${STATE_DIR}/${WEIGHTS_MARKER}" ]]; then
+    stage_done weights "${started}" "cached,$(weights_bytes)"
     progress weights cached
     return 0
   fi
@@ -229,7 +253,13 @@ download_weights() {
     || fail "cannot download ${MODEL} ${MODEL_REVISION}: check the model id, the revision and the token's access"
   rm -rf "${DOWNLOAD_SECRETS}"
   touch "${STATE_DIR}/${WEIGHTS_MARKER}"
+  stage_done weights "${started}" "hub,$(weights_bytes)"
   progress weights downloaded
+}
+
+# weights_bytes: the model's size in the Hugging Face cache on the boot disk (bytes; nothing when unknown).
+weights_bytes() {
+  du -sb -- "${HF_CACHE}/hub/models--${MODEL//\//--}" 2>/dev/null | cut -f 1 || true
 }
 
 # TPU chips reach vLLM's container as device nodes, not through --privileged: the vfio groups (/dev/vfio/N and the
@@ -308,6 +338,7 @@ start_vllm() {
   install -d -m 0700 "${SOCKET_DIR}"
   tpu_flags
   progress starting "container (${TPU_DEVICES} TPU device nodes)"
+  ENGINE_STARTED="$(uptime_cs)"  # the engine stage: this container's start until /health answers 200
   docker run -d --name "${CONTAINER}" \
     --label "tpuctl.deployment=${DEPLOYMENT_ID}" --label "tpuctl.plan-hash=${PLAN_HASH}" \
     --restart unless-stopped --net=none --shm-size 16g --ulimit memlock=-1:-1 "${TPU_FLAGS[@]}" \
@@ -394,6 +425,7 @@ wait_until_serving() {
   local waited=0 seen="" state
   while ((waited < READY_TIMEOUT_S)); do
     if curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
+      [[ -z "${ENGINE_STARTED:-}" ]] || stage_done engine "${ENGINE_STARTED}"
       progress serving "health 200 after ${waited}s"
       return 0
     fi
@@ -411,6 +443,7 @@ wait_until_serving() {
 }
 
 main() {
+  local started
   install -d -m 0755 "${STATE_DIR}" "${HF_CACHE}" "${VLLM_CACHE}" "${AGENT_DIR}"
   install -d -m 0700 "${SECRETS_DIR}" "${SERVING_SECRETS}" "${SOCKET_DIR}"
   progress booting "plan ${PLAN_HASH}"
@@ -421,8 +454,10 @@ main() {
   progress secrets "reading the vLLM API key"
   retry 5 5 fetch_secret "${API_KEY_SECRET}" "${SERVING_SECRETS}/vllm-api-key" \
     || fail "cannot read the vLLM API key ${API_KEY_SECRET} from Secret Manager: add a version, grant the VM access"
+  started="$(uptime_cs)"
   progress image pulling
   retry 5 20 docker pull -q "${IMAGE}" >/dev/null || fail "cannot pull ${IMAGE}"
+  stage_done image "${started}"
   install_node_agent
   download_weights
   start_vllm

@@ -28,7 +28,8 @@ One tick:
 Boot progress: for a deployment whose node is up but has never served (BOOTING, COMPILING, or DOWN within its
 first boot), the tick also reads the node's guest attributes ``tpuctl/*`` through ``TpuApi.guest_attributes`` (one
 read per booting node per tick, under the service's ~10 reads a minute per VM), stores the startup script's stage
-on the record (``status.boot``: "pulling image", "downloading weights", "compiling"), and when the script says
+and stage times on the record (``status.boot``: "pulling image", "downloading weights", "compiling"; a node that
+served before its script said so still has that boot's end taken), and when the script says
 ``failed`` the deployment goes FAILED at once with the script's reason (cleaned, bounded) and a ``reconcile.tick``
 for it: the planner deletes the slices of a generation whose boot failed and keeps it FAILED, so nothing bills on
 until the ready timeout. The rules for stale and hostile values are in ``shared.domain.boot_progress``.
@@ -58,10 +59,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from shared.domain.boot_progress import (
+    BOOT_FAILED,
     BOOT_QUERY_PATH,
     BootReading,
     advance_boot,
     boot_failure,
+    boot_open,
     read_boot,
 )
 from shared.domain.canary import CanaryCheck, canary_slis, carried_canary_slis, judge_canary, plan_canary, with_canary
@@ -297,7 +300,8 @@ class Monitor:
             except Exception:  # an adapter bug must not stop the tick
                 log.exception("boot progress of %s unread", item.record.deployment_id)
                 continue
-            item.boot = read_boot(attributes, _clean) if item.booting else None
+            reads_boot = item.booting or boot_open(item.record.status.boot)  # a served node's boot may end late
+            item.boot = read_boot(attributes, _clean) if reads_boot else None
             item.telemetry = read_node_telemetry(attributes, now, self.settings.telemetry_max_age_s, _clean)
             item.engine = read_engine_facts(attributes)
 
@@ -541,6 +545,8 @@ def _boot_update(item: _Work, now: datetime) -> tuple[BootProgress | None, str |
     if item.node is None or item.boot is None:
         return None, None
     current = item.record.status.boot
+    if not item.booting and (item.boot.stage == BOOT_FAILED or current is None or item.boot.boot != current.boot):
+        return None, None  # served already: only that boot's own end (its last stage times) is still taken
     updated = advance_boot(current, item.boot, item.node.name, now)
     return updated, boot_failure(updated or current, item.node.name)
 

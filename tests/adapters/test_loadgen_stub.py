@@ -10,6 +10,7 @@ import asyncio
 import json
 import select
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from loadgen.generator import BenchmarkSetupError, LoadGenerator, Target
-from loadgen.transport import StreamingTransport, enable_receive_times, read_with_time
+from loadgen.transport import StreamingTransport, enable_receive_times, receive_time
 from shared.messages import BenchmarkRequest
 from tests.support.fixtures_bench import STUB_FIRST_TOKEN_S
 from tests.support.stub_server import StubBehaviour, StubProcess, StubServer
@@ -170,10 +171,16 @@ class TestDatasetsAndTransports:
                 # delivery can lag the send, and the stamp rightly follows the delivery, not the send.
                 assert select.select([receiver], [], [], 5.0)[0] == [receiver]
                 time.sleep(0.3)  # the bytes wait in the socket; a busy event loop would read them this late
-                data, stamp = read_with_time(receiver)
+                data, ancillary, _flags, _address = receiver.recvmsg(4096, socket.CMSG_SPACE(16))
+                read_at_wall = time.time()
                 read_at = time.perf_counter()
         assert data == b"data: {}\n\n"
-        assert read_at - stamp >= 0.2  # well under the wait: a loaded machine skews the clocks' pairing a little
+        # The kernel's stamp is wall-clock time: judged against the wall clock at the read, so a difference in rate
+        # between the wall and the monotonic clock (a slewing NTP, a container's clock) cannot hide or fake it.
+        (payload,) = [payload for level, _kind, payload in ancillary if level == socket.SOL_SOCKET]
+        seconds, nanoseconds = struct.unpack_from("@qq", payload)
+        assert read_at_wall - (seconds + nanoseconds / 1e9) >= 0.25
+        assert receive_time(ancillary) <= read_at + 0.001  # moved to perf_counter, never after the read
 
     def test_records_hold_one_line_per_request_with_its_timings(self, timed_stub: StubProcess) -> None:
         request = BenchmarkRequest(concurrency=(2,), num_prompts=4, input_len=4, output_len=3, warmup_requests=0)

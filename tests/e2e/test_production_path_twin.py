@@ -141,6 +141,28 @@ def _the_monitor_s_slis_reach_cloud_monitoring(cloud: LocalCloud) -> None:
     assert cloud.monitoring_api.refusals == [], "nothing the real API would refuse"
 
 
+def _every_boot_stage_is_timed_on_the_record(cloud: LocalCloud, demo: LocalDemo) -> None:
+    """The script timed the image pull, the weights (with their source and size) and the engine (container start
+    to health 200) in ``tpuctl/stages``; the monitor kept them on the record, and the dashboard shows them."""
+    deadline = time.monotonic() + 120
+    stages = None
+    while time.monotonic() < deadline:
+        record = cloud.store.get_deployment(SPEC.deployment_id)
+        boot = record.status.boot if record is not None else None
+        stages = boot.stages if boot is not None else None
+        if stages is not None and "engine" in stages.seconds:
+            break
+        time.sleep(1)
+    assert stages is not None and set(stages.seconds) == {"image", "weights", "engine"}, stages
+    assert stages.weights_source in ("hub", "cached") and stages.seconds["engine"] > 0, stages
+    assert all(0 <= seconds < STEP_TIMEOUT_S for seconds in stages.seconds.values()), stages
+    assert stages.weights_bytes is None or stages.weights_bytes >= 0
+    gateway = demo.gateway
+    assert isinstance(gateway, GatewayCore)
+    view = gateway.get_deployment(SPEC.deployment_id).boot
+    assert view is not None and view.stages is not None and "engine" in view.stages.text, view
+
+
 def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: LocalDemo) -> None:
     """What vLLM reports in ``vllm:cache_config_info`` is diffed against the plan: fp8 asked, the weights' dtype
     served. The finding names both and reaches the dashboard."""
@@ -321,6 +343,7 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     demo.wait_until_serving(STEP_TIMEOUT_S)
     assert demo.ask(max_tokens=8).completion_tokens
     _the_monitor_s_slis_reach_cloud_monitoring(cloud)
+    _every_boot_stage_is_timed_on_the_record(cloud, demo)
     _the_planned_fp8_kv_cache_is_found_running_bf16(cloud, demo)
 
     assert cloud.fleet is not None

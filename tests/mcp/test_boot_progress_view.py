@@ -12,19 +12,24 @@ from mcp import Client
 
 from mcp_client_gateway.cli import EXIT_OK, run
 from mcp_client_gateway.core import deployment_stage
-from shared.domain.models import BootProgress, DeploymentRecord, Phase
+from shared.domain.models import BootProgress, BootStages, DeploymentRecord, Phase
 from tests.mcp.conftest import GatewayWorld
 
 pytestmark = pytest.mark.anyio
 
 
 def with_boot(
-    world: GatewayWorld, phase: Phase, stage: str, detail: str, node: str = "gemma-a-g1-a1"
+    world: GatewayWorld,
+    phase: Phase,
+    stage: str,
+    detail: str,
+    node: str = "gemma-a-g1-a1",
+    stages: BootStages | None = None,
 ) -> DeploymentRecord:
     """A deployment whose node reported ``stage`` (written as the monitor writes it)."""
     record = world.seed("gemma-a", phase=phase, endpoint="http://10.0.0.5:8000")
     at = record.updated_at - timedelta(minutes=2)
-    boot = BootProgress(node=node, stage=stage, detail=detail, boot=1, stage_since=at, seen_at=at)
+    boot = BootProgress(node=node, stage=stage, detail=detail, boot=1, stage_since=at, seen_at=at, stages=stages)
     updated = record.model_copy(update={"status": record.status.model_copy(update={"boot": boot})})
     return world.store.put_deployment(updated, expected_version=record.version)
 
@@ -73,3 +78,22 @@ def test_tpuctl_status_prints_the_boot_stage(world: GatewayWorld) -> None:
     stdout, stderr = io.StringIO(), io.StringIO()
     assert run(["status", "gemma-a"], ports=world.ports, stdout=stdout, stderr=stderr) == EXIT_OK
     assert "downloading weights (downloading)" in stdout.getvalue() and "gemma-a-g1-a1" in stdout.getvalue()
+
+
+STAGES = BootStages(
+    seconds={"image": 84.2, "weights": 337.0, "engine": 427.9}, weights_source="hub", weights_bytes=62579490816
+)
+
+
+async def test_the_dashboard_and_tpuctl_status_show_the_boot_stage_times(world: GatewayWorld) -> None:
+    with_boot(world, Phase.SERVING, "serving", "health 200 after 430s", stages=STAGES)
+    stages = (await get(world))["boot"]["stages"]
+    assert stages == {
+        "seconds": {"image": 84.2, "weights": 337.0, "engine": 427.9},
+        "weights_source": "hub",
+        "weights_bytes": 62579490816,
+        "text": "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s",
+    }
+    stdout, stderr = io.StringIO(), io.StringIO()
+    assert run(["status", "gemma-a"], ports=world.ports, stdout=stdout, stderr=stderr) == EXIT_OK
+    assert "boot stages" in stdout.getvalue() and "engine 428 s" in stdout.getvalue()

@@ -15,7 +15,7 @@ import pytest
 
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.vllm_probe import VllmProbe
-from shared.domain.models import DeploymentRecord, Phase, QueuedResourceState, ResourceRef
+from shared.domain.models import BootStages, DeploymentRecord, Phase, QueuedResourceState, ResourceRef
 from shared.messages import PhaseChanged, ReconcileTick, decode_message
 from shared.ports import Delivery
 from shared.services.monitor import Monitor, MonitorSettings, TickReport
@@ -92,6 +92,48 @@ def test_the_stages_the_script_reports_show_on_the_record(booting: Booting) -> N
     assert record.status.phase is Phase.BOOTING
     assert record.status.boot is not None and record.status.boot.stage == "weights"
     assert record.status.boot.stage_since > boot.stage_since
+
+
+def test_the_stage_times_of_this_boot_land_on_the_record_and_another_boot_s_do_not(booting: Booting) -> None:
+    stages = "boot=1767355200000;image=84.20;weights=337.00,hub,62579490816"
+    booting.h.world.put_guest_attribute(ZONE, booting.node.name, "tpuctl", "stages", stages)
+    booting.write("starting", "container (4 TPU device nodes)")
+    booting.tick()
+    boot = booting.record().status.boot
+    assert boot is not None and boot.stages == BootStages(
+        seconds={"image": 84.2, "weights": 337.0}, weights_source="hub", weights_bytes=62579490816
+    )
+    booting.write("booting", "plan abc", boot="1767355300000")  # the VM rebooted: the old line is not this boot's
+    booting.tick()
+    boot = booting.record().status.boot
+    assert boot is not None and (boot.stage, boot.stages) == ("booting", None)
+
+
+def test_a_node_that_served_before_its_script_said_so_still_gets_that_boot_s_end(booting: Booting) -> None:
+    def serve() -> None:  # the probe saw health first (stored as such: nothing answers the probe in this world)
+        record = booting.record()
+        served = record.status.model_copy(update={"phase": Phase.SERVING, "serving_since": record.updated_at})
+        booting.h.store.put_deployment(record.model_copy(update={"status": served}), expected_version=record.version)
+
+    booting.write("compiling", "container running restarts=0")
+    booting.tick()
+    serve()
+    engine = "boot=1767355200000;image=84.20;weights=3.00,cached,;engine=427.90"
+    booting.h.world.put_guest_attribute(ZONE, booting.node.name, "tpuctl", "stages", engine)
+    booting.write("failed", "forged after serving")  # a served node's failure is not a boot failure
+    booting.tick()
+    assert booting.record().status.boot is not None and booting.record().status.boot.stage == "compiling"
+    assert booting.record().status.phase is not Phase.FAILED
+    serve()
+    booting.write("serving", "health 200 after 430s", boot="1767355100000")  # an earlier boot's end: not taken
+    booting.tick()
+    assert booting.record().status.boot is not None and booting.record().status.boot.stage == "compiling"
+    serve()
+    booting.write("serving", "health 200 after 430s")
+    booting.tick()
+    boot = booting.record().status.boot
+    assert boot is not None and boot.stage == "serving" and boot.stages is not None
+    assert boot.stages.seconds == {"image": 84.2, "weights": 3.0, "engine": 427.9}
 
 
 def test_a_failed_boot_ends_failed_with_its_reason_within_two_ticks_and_the_slice_goes(booting: Booting) -> None:

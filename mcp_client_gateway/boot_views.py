@@ -1,0 +1,23 @@
+"""The boot view's stage times (issue 20, item 2), apart from ``models.py`` (its size)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["BootStagesView"]
+
+
+class BootStagesView(BaseModel):
+    """How long each finished boot stage took on the node's own clock, as its startup script reported it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: dict[str, float] = Field(
+        description="Stage to seconds: image (the image pull), weights, engine (the vLLM container's start until "
+        "/health answered 200: engine init and compilation together; a compile-cache hit or miss is not known)."
+    )
+    weights_source: str | None = Field(
+        default=None, description="cached (the boot disk had the weights) or hub (downloaded)."
+    )
+    weights_bytes: int | None = Field(default=None, description="The model's size on the boot disk, if known.")
+    text: str = Field(description="For people, e.g. 'image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s'.")

@@ -1,0 +1,100 @@
+"""How long each boot stage took, read back from the startup script's guest attribute ``tpuctl/stages``.
+
+Why: the boot stage alone says what a node is doing, not where its boot time went. The script times each stage
+with the VM's own monotonic clock (``/proc/uptime``) and writes one cumulative line at each stage's end, before the
+phase that follows (so a reader that sees a later phase sees the stages before it)::
+
+    boot=1765000000000;image=84.20;weights=337.00,hub,62579490816;engine=427.90
+
+``boot`` is the run's stamp (``tpuctl/boot``): a line of another run is stale and ignored whole. ``image`` is the
+image pull; ``weights`` the weights step with its source (``cached``: the boot disk had them; ``hub``: downloaded)
+and the model's size on disk in bytes (empty when unknown); ``engine`` from the vLLM container's start until
+``/health`` answered 200, engine init and compilation together (the script cannot split them, nor tell a compile
+cache hit from a miss). The VM is hostile: a line longer than ``MAX_STAGES_CHARS`` is ignored, only known stage
+names are kept, seconds must lie in [0, 7 days] and bytes in [0, 10 TB]; a field that fails is dropped, never
+guessed, and nothing here raises.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shared.domain.models import BootStages
+
+__all__ = ["MAX_STAGES_CHARS", "STAGES_KEY", "STAGE_NAMES", "WEIGHTS_SOURCES", "parse_stages", "stages_text"]
+
+STAGES_KEY = "stages"  # guest attribute tpuctl/stages
+STAGE_NAMES = ("image", "weights", "engine")
+WEIGHTS_SOURCES = ("cached", "hub")
+MAX_STAGES_CHARS = 256
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_BYTES = 10 * 10**12
+_SECONDS = re.compile(r"[0-9]{1,7}(?:\.[0-9]{1,3})?")
+_BYTES = re.compile(r"[0-9]{1,14}")
+_STAMP = re.compile(r"[0-9]{1,16}")
+
+
+def _seconds(text: str) -> float | None:
+    if not _SECONDS.fullmatch(text):
+        return None
+    value = float(text)
+    return value if value <= MAX_SECONDS else None
+
+
+def _weights(text: str) -> tuple[float, str, int | None] | None:
+    """``SECONDS,SOURCE,BYTES`` (bytes may be empty), or None when any part is out of shape."""
+    parts = text.split(",")
+    if len(parts) != 3 or parts[1] not in WEIGHTS_SOURCES:
+        return None
+    seconds = _seconds(parts[0])
+    if seconds is None or (parts[2] and not _BYTES.fullmatch(parts[2])):
+        return None
+    size = int(parts[2]) if parts[2] else None
+    if size is not None and size > MAX_BYTES:
+        return None
+    return seconds, parts[1], size
+
+
+def parse_stages(raw: str, boot: int) -> BootStages | None:
+    """The stage times of the run stamped ``boot``; None for another run's line, an oversize or empty one."""
+    if boot <= 0 or len(raw) > MAX_STAGES_CHARS:
+        return None
+    fields = raw.strip().split(";")
+    stamp = fields[0].removeprefix("boot=")
+    if not fields[0].startswith("boot=") or not _STAMP.fullmatch(stamp) or int(stamp) != boot:
+        return None  # another run's leftovers (or no stamp at all): never shown as this boot's
+    seconds: dict[str, float] = {}
+    source: str | None = None
+    size: int | None = None
+    for field in fields[1:]:
+        name, _, value = field.partition("=")
+        if name not in STAGE_NAMES or name in seconds:
+            continue
+        if name == "weights":
+            weights = _weights(value)
+            if weights is None:
+                continue
+            seconds[name], source, size = weights
+        else:
+            took = _seconds(value)
+            if took is not None:
+                seconds[name] = took
+    if not seconds:
+        return None
+    return BootStages(seconds=seconds, weights_source=source, weights_bytes=size)
+
+
+def stages_text(stages: BootStages | None) -> str:
+    """``image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s``, for people; "" without stages."""
+    if stages is None:
+        return ""
+    parts: list[str] = []
+    for name in STAGE_NAMES:
+        if name not in stages.seconds:
+            continue
+        text = f"{name} {stages.seconds[name]:.0f} s"
+        if name == "weights" and stages.weights_source is not None:
+            size = f", {stages.weights_bytes / 2**30:.1f} GiB" if stages.weights_bytes is not None else ""
+            text += f" ({stages.weights_source}{size})"
+        parts.append(text)
+    return ", ".join(parts)
