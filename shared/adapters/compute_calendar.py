@@ -28,6 +28,7 @@ from shared.domain.calendar_mode import MAX_LEAD
 from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.models import CalendarWindow, region_of
 from shared.domain.quota import slice_chips
+from shared.domain.zone_catalog import offering_zones
 
 __all__ = ["VM_FAMILIES", "ComputeCalendarReservations", "vm_family_of"]
 
@@ -109,17 +110,20 @@ class ComputeCalendarReservations:
             return None
         chips = _chips(accelerator)
         found: list[CalendarWindow] = []
+        known = offering_zones(accelerator.rpartition("-")[0])  # the catalog's zones: denied up front when not ours
         for region in sorted({region_of(zone) for zone in zones}):
             in_region = sorted(zone for zone in zones if region_of(zone) == region)
-            window = self._region_window(region, in_region, family, chips, days, not_before)
+            others = {zone for zone in known if region_of(zone) == region and zone not in in_region}
+            window = self._region_window(region, in_region, others, family, chips, days, not_before)
             if window is not None:
                 found.append(window)
         return min(found, key=lambda window: (window.start, window.zone), default=None)
 
     def _region_window(
-        self, region: str, zones: list[str], family: str, chips: int, days: int, not_before: datetime
+        self, region: str, zones: list[str], denied: set[str], family: str, chips: int, days: int, not_before: datetime
     ) -> CalendarWindow | None:
-        denied: set[str] = set()
+        """The earliest window among ``zones``: a zone the answer names that is not ours (one the catalog does not
+        list) is denied and the region asked again."""
         for _ in range(_MAX_ASKS_PER_REGION):
             request = _advice_request(zones, denied, family, chips, days, not_before)
             with _translated():

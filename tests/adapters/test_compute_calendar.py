@@ -73,6 +73,16 @@ def test_the_earliest_window_is_in_the_zone_with_chips_across_regions(sim: Sim) 
     assert across is not None and (across.zone, across.start) == (ZONE_EU, now + timedelta(hours=12))
 
 
+def test_the_catalogs_other_zones_of_a_region_are_denied_up_front_so_one_ask_finds_ours(sim: Sim) -> None:
+    calendar, asks = sim.calendar, []
+    client = calendar._advice_client()
+    ask = client.calendar_mode
+    client.calendar_mode = lambda **kwargs: asks.append(kwargs) or ask(**kwargs)  # type: ignore[method-assign]
+    only_b = calendar.earliest_window("v6e-4", [ZONE_B], days=1, not_before=sim.now)
+    assert only_b is not None and only_b.zone == ZONE_B
+    assert len(asks) == 1  # us-east5-a (in the catalog, earlier window) was denied in the first ask
+
+
 def test_no_window_when_no_zone_has_the_chips_or_the_family_has_no_calendar_mode(sim: Sim) -> None:
     calendar, now = sim.calendar, sim.now
     assert calendar.earliest_window("v6e-16", [ZONE_A, ZONE_B, ZONE_EU], days=1, not_before=now) is None
