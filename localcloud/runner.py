@@ -52,10 +52,11 @@ import httpx
 
 from localcloud.emulators import EMULATORS, Emulator, find_emulator, start_emulator
 from localcloud.monitoring_api import MonitoringStandIn
+from localcloud.options import LocalCloudOptions
 from localcloud.process_groups import ReapedGroup, reap_orphans, spawn_group
 from localcloud.scheduler_fake import SchedulerFake
 from localcloud.tpu_sim import SimServer, World, load_scenario
-from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, default_cache_dir, free_loopback_port, stop_group
+from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, free_loopback_port, stop_group
 from localcloud.vm_twin.agent_bundle import PublishedBundle, publish_node_agent
 from localcloud.vm_twin.google_apis import GoogleApis
 from localcloud.vm_twin.metadata_server import TokenIssuer
@@ -65,6 +66,7 @@ from shared.adapters.local_bus import LocalBus
 from shared.adapters.local_scheduler import LocalScheduler
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.config import Settings
+from shared.domain.weights_cache import regions_of
 from shared.logging import JsonFormatter, RedactingFilter, register_secret
 from shared.messages.routing import FUNCTION_TRIGGERS, push_routes, subscription_filter
 from shared.ports import CommandBus, Delivery, SchedulerApi, SchedulerJob, StateStore
@@ -86,6 +88,7 @@ _SCALED_LIMITS += ("monitor_telemetry_max_age_s",)  # _scaled_limits: wall-clock
 _FUNCTION_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 _TWIN_SETTINGS: tuple[str, ...] = ("secretmanager_endpoint", "scheduler_endpoint", "logging_endpoint")
 _TWIN_SETTINGS += ("storage_endpoint", "debug_bundle_bucket", "monitoring_endpoint")  # stand-ins, bundle bucket
+_TWIN_SETTINGS += ("weights_cache_buckets",)
 
 
 @dataclass(frozen=True)
@@ -108,43 +111,6 @@ ROUTES: tuple[Route, ...] = tuple(
 )
 BENCHMARK_COMMAND_FILTER = subscription_filter("benchmark", "commands")
 """Benchmark commands and node tasks (the benchmark function dispatches both to the node agent)."""
-
-
-@dataclass(frozen=True)
-class LocalCloudOptions:
-    """How to run the local cloud; every field has a working default except the data folder."""
-
-    data_dir: Path
-    """SQLite store and bus, secrets, scheduler jobs, logs (``logs/``) and node folders (``nodes/``)."""
-    scenario: str = "scarce-v6e"
-    """A shipped simulator scenario or a .yaml/.json path."""
-    time_scale: float = 60.0
-    """Virtual seconds per wall second (> 0)."""
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    """Where ``make vllm-env tiny-model`` put the vLLM venv and the tiny model."""
-    sim_port: int = 0
-    """The simulator's loopback port (0 = any free port)."""
-    boot_nodes: bool = True
-    """Run a real vLLM for every READY node (False: nodes get an endpoint nobody answers on)."""
-    log_level: str = "INFO"
-    ticker_interval_s: float = 0.2
-    """How often (wall seconds) the ticker publishes the Scheduler jobs that fell due."""
-    seed: int | None = None
-    """Override the scenario's RNG seed."""
-    function_start_timeout_s: float = 90.0
-    emulators: bool = False
-    """Store and bus on the real Firestore and Pub/Sub emulators (google-cloud-cli) instead of SQLite files."""
-    gcp: bool = False
-    """The production-path twin: every process with ``TPUCTL_BACKEND=gcp`` (Firestore, Pub/Sub, Secret Manager,
-    Cloud Scheduler, Cloud TPU, Billing, Quotas clients) on the emulators and local stand-ins; implies emulators."""
-
-    def __post_init__(self) -> None:
-        if not self.time_scale > 0:
-            raise ValueError(f"time_scale: {self.time_scale!r} must be > 0 virtual seconds per wall second")
-        if self.ticker_interval_s <= 0:
-            raise ValueError(f"ticker_interval_s: {self.ticker_interval_s!r} must be positive")
-        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ValueError(f"log_level: {self.log_level!r} (use DEBUG, INFO, WARNING or ERROR)")
 
 
 @dataclass
@@ -291,6 +257,8 @@ class LocalCloud:
             self._start_emulators()
         if self.options.gcp:
             self.controller_apis.create_bucket(DEBUG_BUNDLE_BUCKET)
+            for region, bucket in self.weights_caches.items():  # Terraform's regional caches, with their location
+                self.controller_apis.create_bucket(bucket, location=region)
             self.controller_apis.start()
             self._scheduler_url = self.scheduler_api.start()
             self.monitoring_api.start()
@@ -312,6 +280,7 @@ class LocalCloud:
                         "logging_endpoint": self.google_apis.base_url,  # where the VMs' agents write vLLM's lines
                         "storage_endpoint": self.controller_apis.base_url,  # debug bundles, read by the gateway
                         "debug_bundle_bucket": DEBUG_BUNDLE_BUCKET,
+                        "weights_cache_buckets": self.weights_caches,
                         "monitoring_endpoint": self.monitoring_api.endpoint,
                     }
                     if self.options.gcp
@@ -451,6 +420,11 @@ class LocalCloud:
         return self._settings
 
     @property
+    def weights_caches(self) -> dict[str, str]:
+        """Terraform's regional weights caches for the scenario's regions (``{region: bucket}``)."""
+        return {region: f"{NAME_PREFIX}-weights-{region}" for region in regions_of(self.scenario.zones)}
+
+    @property
     def uses_emulators(self) -> bool:
         return self.options.emulators or self.options.gcp
 
@@ -481,7 +455,7 @@ class LocalCloud:
             "TPUCTL_BACKEND": settings.backend,
             "TPUCTL_PROJECT": self.scenario.project,
             **{
-                f"TPUCTL_{name.upper()}": str(getattr(settings, name) or "")
+                f"TPUCTL_{name.upper()}": _env_value(getattr(settings, name))
                 for name in _TWIN_SETTINGS
                 if settings.backend == "gcp"
             },
@@ -796,3 +770,8 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "<no log>"
+
+
+def _env_value(value: object) -> str:
+    """A setting as its environment variable holds it: JSON for a mapping (pydantic-settings reads it so)."""
+    return json.dumps(value) if isinstance(value, dict) else str(value or "")

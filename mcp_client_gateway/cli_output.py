@@ -253,6 +253,8 @@ def render_plan(plan: PlanView, out: Output) -> None:
     out.out.print(Text(plan.search_scope.summary))
     if plan.calendar is not None:
         out.out.print(Text(f"calendar-mode window: {plan.calendar.note}"))
+    for cache in plan.weights_cache:
+        out.out.print(Text(f"weights cache {cache.region} ({cache.state}): {cache.note}"))
     if plan.clock_warning:
         out.note(f"warning: {plan.clock_warning}")
     for note in plan.notes:

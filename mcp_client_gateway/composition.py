@@ -128,10 +128,10 @@ def build_ports(settings: Settings) -> GatewayPorts:
         model_client=cast(ModelClient, _Deferred(model_client)),
         quotas=cast(QuotaApi, deferred["quotas"]),
         tpu=cast(TpuApi, deferred["tpu"]),
-        # The controller's prices (the Billing Catalog, cached; the dated table when unreachable): the same source.
         prices=None if no_stack else cast(PriceLookup, _Deferred(lambda: runtime.prices)),
         debug_bundles=cast(DebugBundles, _Deferred(debug_bundles)) if bundles_configured else None,
         calendar=cast(CalendarReservations, _Deferred(lambda: NoLocalStack() if no_stack else runtime.calendar)),
+        weights_cache=runtime.weights_cache_state() if settings.weights_cache_buckets else None,
     )
     for proxy in deferred.values():
         ports.closers.append(_closer(proxy))

@@ -79,6 +79,15 @@ class Settings(BaseSettings):
         description="Cloud Storage bucket the node agents keep debug bundles in (Terraform's debug_bundle_bucket "
         "output). Unset with backend gcp: no bundles are kept; the embedded default keeps them under data_dir.",
     )
+    weights_cache_buckets: dict[str, str] = Field(
+        default_factory=dict,
+        description="The regional weights caches, JSON {region: bucket} (Terraform's weights_cache_buckets output): "
+        "a TPU VM restores the model from its region's bucket and fills it on a miss. Empty: every boot downloads.",
+    )
+    weights_cache_cross_region: bool = Field(
+        default=False,
+        description="Whether a TPU VM in a region without a cache may read another region's (egress is billed).",
+    )
     pubsub_iam_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

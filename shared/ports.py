@@ -69,6 +69,7 @@ __all__ = [
     "StateStore",
     "SubscriptionIam",
     "TpuApi",
+    "WeightsCacheState",
     "node_channel",
     "node_channel_filter",
 ]
@@ -347,6 +348,14 @@ class CapacityAdvice(Protocol):
     def obtainability(self, accelerator: str, tier: Tier, zones: Sequence[str]) -> dict[str, float]:
         """Zone -> obtainability in [0, 1] for the zones the source scored. Never raises: when advice is
         unavailable (permission, API off, a beta error) the answer is ``{}`` and the search runs as without it."""
+        ...
+
+
+class WeightsCacheState(Protocol):
+    """What a regional weights cache holds (Cloud Storage): the plan reports it and what keeping it costs."""
+
+    def cached_bytes(self, bucket: str, repo_id: str) -> int:
+        """Bytes of ``repo_id``'s files in ``bucket`` (0: none); a ``CloudError`` when the bucket cannot be read."""
         ...
 
 

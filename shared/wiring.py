@@ -28,6 +28,7 @@ from shared.ports import (
     SecretStore,
     StateStore,
     TpuApi,
+    WeightsCacheState,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ def serving_environment(settings: Settings) -> ServingEnvironment:
         node_agent_bundle=settings.node_agent_bundle or "",
         node_agent_bundle_sha256=settings.node_agent_bundle_sha256 or "",
         debug_bundle_bucket=settings.debug_bundle_bucket or "",
+        weights_cache_buckets=tuple(sorted(settings.weights_cache_buckets.items())),
+        weights_cache_cross_region=settings.weights_cache_cross_region,
         trace_export=settings.trace_export,  # the node agents export where the controller does (Cloud Trace)
         bind_host="0.0.0.0",  # reachable by the monitor; the VPC firewall limits who may connect
     )
@@ -235,6 +238,12 @@ class Runtime:
         from shared.adapters.compute_calendar import ComputeCalendarReservations
 
         return ComputeCalendarReservations(self.project, endpoint=self.settings.tpu_endpoint)
+
+    def weights_cache_state(self) -> WeightsCacheState:
+        """What the regional weights caches hold (the plan's cache state), read as the caller's identity."""
+        from shared.adapters.weights_cache_bucket import CloudStorageCacheState
+
+        return CloudStorageCacheState(endpoint=self.settings.storage_endpoint)
 
     def node_metadata(self, deployment_id: str) -> dict[str, str]:
         """Instance metadata every node of a deployment gets beside its startup script: its event key."""

@@ -7,13 +7,22 @@ Only the calls a VM makes are served, on Google's REST wire:
 
 * ``GET /v1/projects/P/secrets/S/versions/V:access`` (V a number or ``latest``): ``{"name", "payload": {"data"}}``
   with base64 data; 404 ``NOT_FOUND`` "Secret [...] not found or has no versions." as Google words it;
-* ``GET /storage/v1/b/B`` (bucket metadata), ``GET /storage/v1/b/B/o/O`` (object metadata; ``?alt=media``
-  for the bytes) and ``GET /download/storage/v1/b/B/o/O?alt=media``;
-* ``POST /upload/storage/v1/b/B/o?uploadType=media&name=N[&ifGenerationMatch=0]`` (the node agent stores a debug
-  bundle): ``{"kind": "storage#object", "bucket", "name", "size", "generation"}``; 412 ``conditionNotMet`` as Google
-  words it when ``ifGenerationMatch=0`` meets an existing object (written once, atomically); 404 for a bucket that
-  was never made; 413 for a body over :data:`MAX_UPLOAD_BYTES`; 400 for a name a file path cannot hold faithfully
-  (``.`` or ``..`` or empty segments, line breaks), since objects are files here;
+* ``GET /storage/v1/b/B`` (bucket metadata, with the ``location`` upper-case and ``locationType`` ``region`` or
+  ``multi-region``, as the weights cache checks that its bucket is in the VM's region);
+* ``GET /storage/v1/b/B/o/O[?generation=G]`` (object metadata: ``{"kind": "storage#object", "id", "bucket",
+  "name", "size", "generation", "metageneration", "md5Hash"}``, sizes and generations as strings) and, with
+  ``alt=media``, the bytes, also at ``GET /download/storage/v1/b/B/o/O?alt=media``: the reply carries
+  ``x-goog-generation``; ``generation=G`` other than the current one is 404; a ``Range: bytes=A-B`` (or ``A-``,
+  or ``-N``) header gets 206 with ``Content-Range: bytes A-B/TOTAL`` and just those bytes, 416 when it starts past
+  the end;
+* ``GET /storage/v1/b/B/o?prefix=P[&pageToken=T]``: ``{"kind": "storage#objects", "items": [...],
+  "nextPageToken"}`` by name, 1,000 a page (the gateway sums a model's cached bytes for the plan);
+* ``POST /upload/storage/v1/b/B/o?uploadType=media&name=N[&ifGenerationMatch=G]`` (the node agent stores a debug
+  bundle; the weights cache fills its bucket): the object's metadata as above; with ``ifGenerationMatch=0`` only
+  a new object is made and with ``ifGenerationMatch=G`` only generation G is replaced, else 412
+  ``conditionNotMet`` as Google words it (checked and written atomically, so of two racing writers one wins); 404
+  for a bucket that was never made; 413 for a body over :data:`MAX_UPLOAD_BYTES`; 400 for a name a file path
+  cannot hold faithfully (``.`` or ``..`` or empty segments, line breaks), since objects are files here;
 * Cloud Logging's ``POST /v2/entries:write`` (the node agent ships vLLM's lines) and ``POST /v2/entries:list``
   (``tpu_get_logs`` reads them), served by :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need
   a VM's token like every call here; a list is served to any caller, token or not (the gateway reads with the
@@ -22,6 +31,9 @@ Only the calls a VM makes are served, on Google's REST wire:
 Every call needs ``Authorization: Bearer`` with a token a VM's metadata server issued (401 ``UNAUTHENTICATED``
 otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Secrets come
 from the installation's secret store (the same one the controller uses); objects from ``buckets/<B>/<O>`` files.
+An object's generation is its file's modification time in microseconds (every write sets it, strictly above the
+one it replaces), so the VM's and the controller's instances, which serve the same files, agree on it; a bucket's
+location lives beside it in ``.<B>.location``, a name no bucket can have.
 
 The controller's side (functions and gateway in the production-path twin) gets its own instance with
 ``require_token=False``, as it reaches the emulators: there the REST client is anonymous, and it may also create
@@ -31,12 +43,15 @@ a secret (``POST /v1/projects/P/secrets?secretId=S``) and add a version (``POST 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,9 +72,27 @@ _ADD_VERSION = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/:]+):addVersion$")
 _BUCKET_NAME = r"([a-z0-9][-a-z0-9_.]{2,222})"  # a bucket name, never '..'
 _BUCKET = re.compile(rf"^/storage/v1/b/{_BUCKET_NAME}$")
 _OBJECT = re.compile(rf"^/(?:download/)?storage/v1/b/{_BUCKET_NAME}/o/(.+)$")
+_OBJECTS = re.compile(rf"^/storage/v1/b/{_BUCKET_NAME}/o$")
+_LIST_PAGE = 1000  # Google's default and largest page of an object listing
 _UPLOAD = re.compile(rf"^/upload/storage/v1/b/{_BUCKET_NAME}/o$")
 _PRECONDITION = "At least one of the pre-conditions you specified did not hold."
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_OBJECT_WRITES = threading.Lock()
+"""Held while an object's generation is checked and its file replaced: one for every instance in the process, as
+the VM's and the controller's instances write the same files."""
+
+
+@dataclass(frozen=True)
+class Media:
+    """Object bytes with the status and headers their read earned (206 and ``Content-Range`` for a range)."""
+
+    data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 200
+
+
+Body = dict[str, Any] | bytes | Media
 
 
 class GoogleApis:
@@ -118,20 +151,29 @@ class GoogleApis:
             self._serving = None
         self._server.server_close()
 
-    def create_bucket(self, bucket: str) -> None:
-        """Make an empty bucket (what ``terraform apply`` creates)."""
+    def create_bucket(self, bucket: str, location: str = "US") -> None:
+        """Make an empty bucket in ``location`` (what ``terraform apply`` creates)."""
         (self.buckets_dir / bucket).mkdir(parents=True, exist_ok=True)
+        self._location_path(bucket).write_text(location.upper(), encoding="utf-8")
 
     def put_object(self, bucket: str, name: str, data: bytes) -> str:
-        """Store an object (what ``terraform apply`` uploads); returns its ``gs://`` URI."""
+        """Store an object (what ``terraform apply`` uploads) as a new generation; returns its ``gs://`` URI."""
         path = self._object_path(bucket, name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        with _OBJECT_WRITES:
+            _write_generation(path, data, _next_generation(path))
         return f"gs://{bucket}/{name}"
+
+    def object_generation(self, bucket: str, name: str) -> int | None:
+        """The object's current generation, or None when there is no such object (for tests)."""
+        return _generation(self._object_path(bucket, name))
 
     # ------------------------------------------------------------------ routes
 
-    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any] | bytes]:
+    def answer(
+        self, path: str, query: str, authorization: str | None, range_header: str | None = None
+    ) -> tuple[int, Body]:
+        """``GET``: a secret, a bucket, an object's metadata or its bytes (``range_header``: the request's Range)."""
         with self._lock:
             self.calls.append(("GET", path))
         if self.require_token and self.tokens.identity(authorization) is None:
@@ -139,12 +181,17 @@ class GoogleApis:
         if match := _SECRET.match(path):
             return self._access(*match.groups())
         if match := _BUCKET.match(path):
-            bucket = match.group(1)
-            if not (self.buckets_dir / bucket).is_dir():
-                return _error(404, "The specified bucket does not exist.")
-            return 200, {"kind": "storage#bucket", "name": bucket, "id": bucket}
+            return self._bucket(match.group(1))
+        if match := _OBJECTS.match(path):
+            params = parse_qs(query)
+            return self._list(match.group(1), params.get("prefix", [""])[0], params.get("pageToken", [""])[0])
         if match := _OBJECT.match(path):
-            return self._object(match.group(1), unquote(match.group(2)), media="alt=media" in query)
+            params = parse_qs(query)
+            generation = params.get("generation", [""])[0]
+            media = params.get("alt", [""])[0] == "media"
+            return self._object(
+                match.group(1), unquote(match.group(2)), generation, (range_header or "") if media else None
+            )
         return _error(404, f"no such API here: {path}")
 
     def write(self, path: str, query: str, body: dict[str, Any]) -> tuple[int, dict[str, Any] | bytes]:
@@ -163,9 +210,7 @@ class GoogleApis:
             return 200, {"name": f"projects/{project}/secrets/{secret}/versions/{version}", "state": "ENABLED"}
         return _error(404, f"no such API here: POST {path}")
 
-    def upload(
-        self, path: str, query: str, authorization: str | None, data: bytes, length: int
-    ) -> tuple[int, dict[str, Any] | bytes]:
+    def upload(self, path: str, query: str, authorization: str | None, data: bytes, length: int) -> tuple[int, Body]:
         """``POST /upload/storage/v1/b/B/o?uploadType=media``: store one object (``length``: the declared size)."""
         with self._lock:
             self.calls.append(("POST", path))
@@ -184,13 +229,13 @@ class GoogleApis:
             return _storage_error(400, "invalid", f"The object name {name!r} {problem}.")
         if not (self.buckets_dir / bucket).is_dir():
             return _storage_error(404, "notFound", "The specified bucket does not exist.")
-        once = params.get("ifGenerationMatch", [""])[0]
-        if once not in ("", "0"):
-            return _storage_error(400, "invalid", "The stand-in takes ifGenerationMatch=0 only.")
-        return self._store(bucket, name, data, once=once == "0")
+        precondition = params.get("ifGenerationMatch", [""])[0]
+        if precondition and not precondition.isdigit():
+            return _storage_error(400, "invalid", f"Invalid argument ifGenerationMatch={precondition!r}.")
+        return self._store(bucket, name, data, int(precondition) if precondition else None)
 
-    def _store(self, bucket: str, name: str, data: bytes, *, once: bool) -> tuple[int, dict[str, Any] | bytes]:
-        """Write through a temporary file: ``once`` links it in (an existing object wins), else replaces."""
+    def _store(self, bucket: str, name: str, data: bytes, precondition: int | None) -> tuple[int, Body]:
+        """Write a new generation unless ``precondition`` (0: no object yet; G: generation G now) fails: 412."""
         path = self._object_path(bucket, name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,28 +243,23 @@ class GoogleApis:
             return _storage_error(400, "invalid", f"The stand-in holds {bucket}/{name} and a prefix as files.")
         if path.is_dir():
             return _storage_error(400, "invalid", f"The stand-in holds {bucket}/{name} as a prefix already.")
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-            if not once:
-                os.replace(temporary, path)
-            else:
-                try:
-                    os.link(temporary, path)
-                except FileExistsError:
-                    return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
-        finally:
-            Path(temporary).unlink(missing_ok=True)
-        generation = str(time.time_ns() // 1000)
-        return 200, {
-            "kind": "storage#object",
-            "id": f"{bucket}/{name}/{generation}",
-            "bucket": bucket,
-            "name": name,
-            "size": str(len(data)),
-            "generation": generation,
-        }
+        with _OBJECT_WRITES:
+            current = _generation(path)
+            if precondition is not None and precondition != (current or 0):
+                return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
+            generation = _next_generation(path)
+            written = _write_generation(path, data, generation, create_only=precondition == 0)
+        if not written:  # another process made it between the check and the link
+            return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
+        return 200, _metadata(bucket, name, generation, data)
+
+    def _bucket(self, bucket: str) -> tuple[int, Body]:
+        if not (self.buckets_dir / bucket).is_dir():
+            return _error(404, "The specified bucket does not exist.")
+        marker = self._location_path(bucket)
+        location = marker.read_text(encoding="utf-8").strip() if marker.is_file() else "US"
+        kind = "region" if "-" in location else "multi-region"
+        return 200, {"kind": "storage#bucket", "name": bucket, "id": bucket, "location": location, "locationType": kind}
 
     def _access(self, project: str, secret: str, version: str) -> tuple[int, dict[str, Any] | bytes]:
         if project != self.project:
@@ -230,13 +270,42 @@ class GoogleApis:
         data = base64.b64encode(value.encode()).decode()
         return 200, {"name": f"projects/{project}/secrets/{secret}/versions/1", "payload": {"data": data}}
 
-    def _object(self, bucket: str, name: str, *, media: bool) -> tuple[int, dict[str, Any] | bytes]:
+    def _object(self, bucket: str, name: str, generation: str, range_header: str | None) -> tuple[int, Body]:
+        """Metadata, or the bytes when ``range_header`` is given ("" for a media read with no Range header)."""
         path = self._object_path(bucket, name)
-        if not path.is_file():
-            return _error(404, f"No such object: {bucket}/{name}")
-        if media:
-            return 200, path.read_bytes()
-        return 200, {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(path.stat().st_size)}
+        current, data = _read_generation(path)  # metadata reads the bytes too, for md5Hash
+        if current is None or (generation and generation != str(current)):
+            suffix = f"#{generation}" if generation else ""
+            return _error(404, f"No such object: {bucket}/{name}{suffix}")
+        if range_header is None:
+            return 200, _metadata(bucket, name, current, data)
+        return 200, _ranged(data, range_header, {"x-goog-generation": str(current)})
+
+    def _list(self, bucket: str, prefix: str, after: str) -> tuple[int, Body]:
+        """Objects whose names start with ``prefix``, by name, a page at a time (the token: the last name sent)."""
+        root = self.buckets_dir / bucket
+        if not root.is_dir():
+            return _storage_error(404, "notFound", "The specified bucket does not exist.")
+        names = sorted(
+            name
+            for path in root.rglob("*")
+            if path.is_file()
+            and not path.name.startswith(".upload-")
+            and (name := path.relative_to(root).as_posix()).startswith(prefix)
+            and name > after
+        )
+        page = names[:_LIST_PAGE]
+        items = [
+            {"kind": "storage#object", "bucket": bucket, "name": name, "size": str((root / name).stat().st_size)}
+            for name in page
+        ]
+        body: dict[str, Any] = {"kind": "storage#objects", **({"items": items} if items else {})}
+        if len(names) > _LIST_PAGE:
+            body["nextPageToken"] = page[-1]
+        return 200, body
+
+    def _location_path(self, bucket: str) -> Path:
+        return self.buckets_dir / f".{bucket}.location"
 
     def _object_path(self, bucket: str, name: str) -> Path:
         root = (self.buckets_dir / bucket).resolve()
@@ -262,6 +331,84 @@ def _storage_error(code: int, reason: str, message: str, *, location: str = "") 
     return code, {"error": {"code": code, "message": message, "errors": [detail]}}
 
 
+def _metadata(bucket: str, name: str, generation: int, data: bytes) -> dict[str, Any]:
+    """An object's resource as Google's JSON API writes it (numbers as strings)."""
+    return {
+        "kind": "storage#object",
+        "id": f"{bucket}/{name}/{generation}",
+        "bucket": bucket,
+        "name": name,
+        "size": str(len(data)),
+        "generation": str(generation),
+        "metageneration": "1",
+        "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(),  # noqa: S324 - Google's checksum
+    }
+
+
+def _generation(path: Path) -> int | None:
+    """An object's generation: its file's modification time in microseconds (None: no object)."""
+    try:
+        status = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return status.st_mtime_ns // 1000 if stat.S_ISREG(status.st_mode) else None
+
+
+def _read_generation(path: Path) -> tuple[int | None, bytes]:
+    """An object's generation and bytes from one open file, so a replace in between cannot mix two generations."""
+    try:
+        with path.open("rb") as file:
+            status = os.fstat(file.fileno())
+            return status.st_mtime_ns // 1000, file.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None, b""
+
+
+def _next_generation(path: Path) -> int:
+    """Now in microseconds, yet always above the generation it replaces (call holding ``_OBJECT_WRITES``)."""
+    return max(time.time_ns() // 1000, (_generation(path) or 0) + 1)
+
+
+def _write_generation(path: Path, data: bytes, generation: int, *, create_only: bool = False) -> bool:
+    """Put ``data`` at ``path`` stamped with ``generation`` in one step; False when ``create_only`` met a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.utime(temporary, ns=(generation * 1000, generation * 1000))
+        if not create_only:
+            os.replace(temporary, path)
+            return True
+        try:
+            os.link(temporary, path)  # atomic create-if-absent, even against another process
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def _ranged(data: bytes, range_header: str, headers: dict[str, str]) -> Media:
+    """The bytes a ``Range: bytes=A-B`` asks for (206), all of them (200) when there is no range or it is malformed,
+    or 416 when it starts past the end, as RFC 9110 and Cloud Storage answer."""
+    match = _RANGE.match(range_header.strip())
+    total = len(data)
+    if match is None or match.groups() == ("", ""):
+        return Media(data, headers)
+    first, last = match.groups()
+    if first:
+        start, end = int(first), min(int(last), total - 1) if last else total - 1
+        if last and int(last) < start:
+            return Media(data, headers)  # not a valid range: ignored
+    else:
+        start, end = max(total - int(last), 0), total - 1
+        if int(last) == 0:
+            start = total  # a zero-length suffix cannot be satisfied
+    if start >= total:
+        return Media(b"", {**headers, "Content-Range": f"bytes */{total}"}, 416)
+    return Media(data[start : end + 1], {**headers, "Content-Range": f"bytes {start}-{end}/{total}"}, 206)
+
+
 def _unstorable(name: str) -> str:
     """Why an object name cannot be a file under its bucket here ("" when it can)."""
     if not name or len(name.encode()) > 1024:
@@ -281,7 +428,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
         try:
-            status, body = apis.answer(url.path, url.query, self.headers.get("Authorization"))
+            status, body = apis.answer(
+                url.path, url.query, self.headers.get("Authorization"), self.headers.get("Range")
+            )
         except ValueError as exc:
             status, body = _error(400, str(exc))
         self._reply(status, body)
@@ -320,10 +469,15 @@ class _Handler(BaseHTTPRequestHandler):
             length -= len(chunk)
         return b""
 
-    def _reply(self, status: int, body: dict[str, Any] | bytes) -> None:
+    def _reply(self, status: int, body: Body) -> None:
+        headers: dict[str, str] = {}
+        if isinstance(body, Media):
+            status, headers, body = body.status, body.headers, body.data
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream" if isinstance(body, bytes) else "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)

@@ -8,26 +8,23 @@ drops what only a TPU understands. Binds are honoured by mapping every container
 environment to the VM path it is bound from (the twin's containers share the VM's filesystem). This is the only
 place where a container differs from production's.
 
-The VM's Hugging Face cache comes with every catalog model already in it, each a link to the tiny model (the
-twin's "weights"), so the script's ``snapshot_download`` finds it as a TPU VM finds a warm cache; a model that is
-not in the catalog is not there, and its download fails as a missing repository does.
+The VM's Hugging Face cache starts empty, as a new TPU VM's does: the weights restore fetches every catalog model
+from the Hub stand-in (``hub_api``, each model served as the tiny model's files) or from the region's cache bucket;
+a model that is not in the catalog is not on the Hub, and its restore fails as a missing repository does.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from localcloud.vm_twin.containers import ContainerSpec, Launch
-from shared.domain.catalog import PRESETS
 from shared.domain.errors import InvalidMessage
 from shared.domain.launch import check_image
 
-__all__ = ["VllmCpuImage", "seed_hf_cache"]
+__all__ = ["VllmCpuImage"]
 
 _IMAGE_VLLM = Path(__file__).with_name("image_vllm.py")
 # The image's Python carries libtpu on a TPU image; here a stand-in, on python3's path only (not vllm's).
@@ -118,25 +115,3 @@ def _map_paths(text: str, binds: list[tuple[str, str]]) -> str:
     for inside, outside in binds:
         text = re.sub(re.escape(inside) + r"(?=/|$|[\"'\s;])", outside.replace("\\", "\\\\"), text)
     return text
-
-
-def seed_hf_cache(hf_home: Path, model_dir: Path) -> list[str]:
-    """Put every catalog model into ``<hf_home>/hub`` as links to the tiny model; returns the hub ids."""
-    seeded: list[str] = []
-    if not model_dir.is_dir():
-        return seeded
-    for preset in PRESETS.values():
-        if "/" not in preset.hub_id:
-            continue
-        commit = preset.revision or hashlib.sha1(preset.hub_id.encode()).hexdigest()  # noqa: S324 - a name
-        repo = hf_home / "hub" / ("models--" + preset.hub_id.replace("/", "--"))
-        snapshot = repo / "snapshots" / commit
-        snapshot.mkdir(parents=True, exist_ok=True)
-        for source in sorted(model_dir.iterdir()):
-            link = snapshot / source.name
-            if source.is_file() and not link.exists():
-                os.symlink(source, link)
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / "main").write_text(commit, encoding="utf-8")
-        seeded.append(preset.hub_id)
-    return seeded

@@ -33,6 +33,7 @@ from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, stop_group
 from localcloud.vm_twin.docker_cli import inspect
 from localcloud.vm_twin.forward import Forwarder, tcp_listener, tcp_to, unix_listener, unix_to
 from localcloud.vm_twin.google_apis import GoogleApis
+from localcloud.vm_twin.hub_api import HubStandIn, catalog_repos
 from localcloud.vm_twin.metadata_server import GuestAttributes, MetadataServer, TokenIssuer, VmIdentity
 from localcloud.vm_twin.tpu_device import DEVICE_FILE
 from localcloud.vm_twin.vm_init import VmConfig
@@ -199,6 +200,8 @@ class VmFleet:
         self._max_model_len = max_model_len
         self._ready_timeout_s = ready_timeout_s
         self._on_change = on_change
+        # The Hugging Face Hub as the VMs reach it: every catalog model served as the tiny model's files.
+        self.hub = HubStandIn(catalog_repos(tier.model_dir))
         self._vms: dict[tuple[str, str], TwinVm] = {}
         self._history: list[NodeView] = []
         self._groups: list[int] = []
@@ -208,6 +211,7 @@ class VmFleet:
     def attach(self) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self.hub.start()
         self._world.add_node_listener(self._on_event)
 
     def close(self) -> None:
@@ -218,6 +222,7 @@ class VmFleet:
             self._vms.clear()
         for vm in vms:
             self._power_off(vm, "the local cloud shut down")
+        self.hub.stop()
 
     def vms(self) -> list[TwinVm]:
         with self._lock:
@@ -283,7 +288,7 @@ class VmFleet:
         identity = self._identity(event)
         metadata = MetadataServer(identity, self._attributes(event), self._guest(event), self._tokens)
         metadata.start()
-        routes = [metadata.port, self._apis.port, *self._routes]
+        routes = [metadata.port, self._apis.port, self.hub.port, *self._routes]
         pipes = [Forwarder(unix_listener(socket_dir / f"out-{p}.sock"), tcp_to(p), f"out-{p}") for p in routes]
         endpoint = Forwarder(tcp_listener(0), unix_to(socket_dir / f"in-{SERVING_PORT}.sock"), "endpoint")
         deployment = event.labels.get(LABEL_DEPLOYMENT) or "unlabelled"
@@ -332,7 +337,7 @@ class VmFleet:
                 **self._container_env,
                 **endpoints,  # last: the stand-ins as this VM reaches them, not as the controller does
                 "TPUCTL_NODE_NAME": f"{vm.zone}/{vm.node_id}",
-                "HF_ENDPOINT": "http://127.0.0.1:9",  # the Hub is out of the VM's reach: caches only
+                "HF_ENDPOINT": self.hub.base_url,  # the download container's Hub (vLLM itself runs offline)
                 # The stand-in TPU beside the serving vLLM (image_vllm.start_tpu_device), run by this Python.
                 "TPUCTL_TWIN_HOST_PYTHON": sys.executable,
                 "TPUCTL_TWIN_REPO": str(REPO_ROOT),

@@ -29,12 +29,11 @@ from pathlib import Path
 
 from localcloud.vm_twin.containers import ContainerRuntime, ContainerSpec, EngineApiServer
 from localcloud.vm_twin.forward import Forwarder, tcp_listener, tcp_to, unix_listener, unix_to
-from localcloud.vm_twin.image import VllmCpuImage, seed_hf_cache
+from localcloud.vm_twin.image import VllmCpuImage
 
 __all__ = ["VmConfig", "main"]
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-HF_CACHE_ON_DISK = "/var/lib/tpuctl/hf"  # where the script keeps the Hugging Face cache (STATE_DIR/hf)
 SERVING_CONTAINER = "tpuctl-vllm"
 AGENT_CONTAINER = "tpuctl-node-agent"
 
@@ -170,7 +169,6 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     give_disk(Path(config.node_dir))
-    seed_hf_cache(Path(HF_CACHE_ON_DISK), Path(config.model_dir))
     forwarders = open_network(config)
     runtime, server = start_containers(config)
     bin_dir = docker_command(Path(config.node_dir), config.repo_root)

@@ -40,6 +40,7 @@ from shared.ports import (
     SecretStore,
     StateStore,
     TpuApi,
+    WeightsCacheState,
 )
 
 __all__ = [
@@ -97,6 +98,8 @@ class GatewayPorts:
     """Where node agents keep debug bundles; None: none is configured (tpu_debug_bundle then says so)."""
     calendar: CalendarReservations | None = None
     """Calendar-mode windows for the plan's quote and a confirmed booking; None: the plan says there is none."""
+    weights_cache: WeightsCacheState | None = None
+    """What the regional weights caches hold, for the plan; None: no cache is installed (TPUCTL_WEIGHTS_CACHE_*)."""
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

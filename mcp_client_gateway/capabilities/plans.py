@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.cache_views import WeightsCacheView, weights_cache_views
 from mcp_client_gateway.capabilities.calendar import CalendarQuotes
 from mcp_client_gateway.capabilities.capacity import Capacity, given_scope
 from mcp_client_gateway.capabilities.checks import (
@@ -74,8 +75,7 @@ class Plans:
         tokens_per_second: float | None = None,
         alternative_accelerators: Sequence[str] | None = None,
     ) -> PlanView:
-        """Capacity verdict and HBM table, the vLLM launch, prices per region and tier, and the search scope:
-        the zones given, else where the slice fits the live quota (``Capacity.search_scope``; read-only)."""
+        """Capacity, the vLLM launch, prices, weights caches, and the zones searched (given, else by live quota)."""
         scope = None if zones is not None else self.capacity.ladder_scope(accelerator, alternative_accelerators, tiers)
         model, accelerator, zones, tiers = slice_arguments(
             model, accelerator, zones if scope is None else scope.zones, tiers
@@ -87,13 +87,14 @@ class Plans:
             bounds.number, "gpu_memory_utilization", gpu_memory_utilization, bounds.GPU_MEMORY_UTILIZATION
         )
         ttl_hours = optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
+        throughput_fix = "pass the measured output throughput in tokens per second (above 0)"
         tokens_per_second = optional(
             bounds.number,
             "tokens_per_second",
             tokens_per_second,
             bounds.TOKENS_PER_SECOND,
             low_open=True,
-            fix="pass the measured output throughput in tokens per second (above 0)",
+            fix=throughput_fix,
         )
         alternatives = checked_alternatives(accelerator, alternative_accelerators)
         spec = self.spec(
@@ -112,8 +113,7 @@ class Plans:
             },
         )
         plan = self.serving_plan(spec)
-        prices = pricing(self.ports)
-        costs = _cost_views(plan, tokens_per_second, prices)
+        costs = _cost_views(plan, tokens_per_second, prices := pricing(self.ports))
         return PlanView(
             model=plan.preset.name,
             hub_id=plan.engine.model,
@@ -138,6 +138,22 @@ class Plans:
             search_scope=scope or given_scope(zones),
             clock_warning=clock_warning(self.ports, ttl_hours),
             calendar=self.calendar.quote(plan.slice.name, plan.slice.chips, spec.zones, ttl_hours),
+            weights_cache=self.weights_caches(plan, spec.zones),
+        )
+
+    def weights_caches(self, plan: ServingPlan, zones: Sequence[str]) -> list[WeightsCacheView]:
+        """Each region's weights cache for the plan's model: warm, partial, cold or none, and its storage price."""
+        from shared.domain.capacity import weight_bytes_per_chip
+
+        settings = self.ports.settings
+        model_bytes = weight_bytes_per_chip(plan.preset, 1, plan.capacity.weight_dtype)  # the whole model
+        return weights_cache_views(
+            settings.weights_cache_buckets,
+            settings.weights_cache_cross_region,
+            self.ports.weights_cache,
+            plan.engine.model,
+            model_bytes,
+            zones,
         )
 
     def render_artifacts(

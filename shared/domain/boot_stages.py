@@ -7,8 +7,9 @@ phase that follows (so a reader that sees a later phase sees the stages before i
     boot=1765000000000;image=84.20;weights=337.00,hub,62579490816;engine=427.90
 
 ``boot`` is the run's stamp (``tpuctl/boot``): a line of another run is stale and ignored whole. ``image`` is the
-image pull; ``weights`` the weights step with its source (``cached``: the boot disk had them; ``hub``: downloaded)
-and the model's size on disk in bytes (empty when unknown); ``engine`` from the vLLM container's start until
+image pull; ``weights`` the weights step with its source (``cached``: the boot disk had them; ``bucket``: restored
+from the region's weights cache; ``hub``: downloaded; ``mixed``: some of each) and the model's size in bytes
+(empty when unknown); ``engine`` from the vLLM container's start until
 ``/health`` answered 200, engine init and compilation together (the script cannot split them, nor tell a compile
 cache hit from a miss). The VM is hostile: a line longer than ``MAX_STAGES_CHARS`` is ignored, only known stage
 names are kept, seconds must lie in [0, 7 days] and bytes in [0, 10 TB]; a field that fails is dropped, never
@@ -25,7 +26,7 @@ __all__ = ["MAX_STAGES_CHARS", "STAGES_KEY", "STAGE_NAMES", "WEIGHTS_SOURCES", "
 
 STAGES_KEY = "stages"  # guest attribute tpuctl/stages
 STAGE_NAMES = ("image", "weights", "engine")
-WEIGHTS_SOURCES = ("cached", "hub")
+WEIGHTS_SOURCES = ("cached", "bucket", "hub", "mixed")
 MAX_STAGES_CHARS = 256
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_BYTES = 10 * 10**12

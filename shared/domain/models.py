@@ -382,13 +382,14 @@ class BootStages(BaseModel):
     """How long each finished boot stage took on the VM's own clock (``tpuctl/stages``, shared.domain.boot_stages).
 
     ``seconds`` maps ``image``, ``weights`` and ``engine`` (container start to health 200) to seconds; the weights'
-    source is ``cached`` (on the boot disk already) or ``hub`` (downloaded), their size on disk in bytes if known.
+    source is ``cached`` (on the boot disk already), ``bucket`` (the region's weights cache), ``hub`` (downloaded)
+    or ``mixed``, their size in bytes if known.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     seconds: dict[str, float] = Field(default_factory=dict)
-    weights_source: Literal["cached", "hub"] | None = None
+    weights_source: Literal["cached", "bucket", "hub", "mixed"] | None = None
     weights_bytes: int | None = Field(default=None, ge=0)
 
 

@@ -26,6 +26,7 @@ from shared.domain.startup_script import (
     secret_resource,
     sha256_problem,
 )
+from shared.domain.weights_cache import check_cache_buckets
 
 __all__ = ["NODE_AGENT_ENV_NAMES", "ServingEnvironment", "ServingPlan", "build_serving_plan"]
 
@@ -66,6 +67,9 @@ class ServingEnvironment:
     node_agent_bundle_sha256: str = ""
     # The bucket node agents keep debug bundles in (Terraform's); "" = none kept (shared.domain.debug_bundle).
     debug_bundle_bucket: str = ""
+    # The regional weights caches, (region, bucket) pairs (Terraform's); a VM reads its region's (weights_cache).
+    weights_cache_buckets: tuple[tuple[str, str], ...] = ()
+    weights_cache_cross_region: bool = False  # a VM may read another region's cache (egress is billed)
     # The controller's TPUCTL_TRACE_EXPORT: the node agents export to Cloud Trace too when it is "cloud-trace"
     # (any other value, e.g. a file of the controller's, means nothing on a VM: they then record no spans).
     trace_export: str = "none"
@@ -76,6 +80,12 @@ class ServingEnvironment:
         if not _PROJECT.fullmatch(self.project):
             raise InvalidMessage("project", f"{self.project!r} is not a project id", "6-30 chars, [a-z0-9-]")
         self._check_node_agent_bundle()
+        try:
+            check_cache_buckets(dict(self.weights_cache_buckets))
+        except ValueError as exc:
+            raise InvalidMessage(
+                "weights_cache_buckets", str(exc), "use Terraform's weights_cache_buckets output"
+            ) from exc
 
     def _check_node_agent_bundle(self) -> None:
         if not (self.node_agent_bundle or self.node_agent_bundle_sha256):
@@ -144,6 +154,8 @@ class ServingPlan:
                 node_agent_bundle=self.environment.node_agent_bundle,
                 node_agent_bundle_sha256=self.environment.node_agent_bundle_sha256,
                 node_agent_env=agent_env,
+                weights_cache_buckets=self.environment.weights_cache_buckets,
+                weights_cache_cross_region=self.environment.weights_cache_cross_region,
             )
         )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from shared.domain.errors import InvalidMessage
 from shared.domain.launch import API_KEY_MOUNT_DIR, KEY_WRAPPER, VllmLaunch
 from shared.domain.startup_script_template import TEMPLATE
+from shared.domain.weights_cache import check_cache_buckets
 
 __all__ = [
     "BOOT_LOG_PREFIX",
@@ -108,6 +109,8 @@ class StartupScriptInputs:
     node_agent_bundle_sha256: str  # its SHA-256 (hex); the VM refuses a bundle with another digest
     node_agent_env: tuple[tuple[str, str], ...] = ()
     container_name: str = "tpuctl-vllm"
+    weights_cache_buckets: tuple[tuple[str, str], ...] = ()  # (region, bucket): the VM reads its region's
+    weights_cache_cross_region: bool = False
 
 
 def _check(field: str, value: str) -> str:
@@ -131,6 +134,16 @@ def _env_flags(flag: str, field: str, pairs: Iterable[tuple[str, str]]) -> list[
             raise InvalidMessage(field, f"{name!r} is not an environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
         words += [flag, f"{name}={value}"]
     return words
+
+
+def _weights_cache_args(inputs: StartupScriptInputs) -> list[str]:
+    """``--cache REGION=BUCKET`` per cache (checked names), and ``--cross-region`` when allowed."""
+    try:
+        buckets = check_cache_buckets(dict(inputs.weights_cache_buckets))
+    except ValueError as exc:
+        raise InvalidMessage("weights_cache_buckets", str(exc), "use Terraform's weights_cache_buckets output") from exc
+    words = [word for region, bucket in sorted(buckets.items()) for word in ("--cache", f"{region}={bucket}")]
+    return [*words, "--cross-region"] if buckets and inputs.weights_cache_cross_region else words
 
 
 def plan_hash(launch: VllmLaunch, model_revision: str) -> str:
@@ -171,6 +184,7 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "VLLM_ARGV": _words("argv", launch.argv),
         "CONTAINER_ENV": _words("env", _env_flags("--env", "env", (*SERVING_CONTAINER_ENV, *launch.env))),
         "NODE_AGENT_ENV": _words("node_agent_env", _env_flags("--env", "node_agent_env", inputs.node_agent_env)),
+        "WEIGHTS_CACHE_ARGS": _words("weights_cache_buckets", _weights_cache_args(inputs)),
         "LOG_PREFIX": BOOT_LOG_PREFIX,
         "TPU_METRICS_PORT": str(TPU_METRICS_PORT),
     }

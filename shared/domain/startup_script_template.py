@@ -42,10 +42,14 @@ CONTAINER_ENV=(
 NODE_AGENT_ENV=(
 @@NODE_AGENT_ENV@@
 )
+WEIGHTS_CACHE_ARGS=(
+@@WEIGHTS_CACHE_ARGS@@
+)
 # ---- end of values ----
 readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
 readonly SERVING_LISTEN READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256 CONTAINER_HF_CACHE
 readonly CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
+readonly WEIGHTS_CACHE_ARGS
 
 # Google endpoints: production unless this script's own environment names another with the standard variables
 # (google-auth's GCE_METADATA_HOST, gcloud's CLOUDSDK_API_ENDPOINT_OVERRIDES_*, each ending in "/"), which is how a
@@ -82,12 +86,6 @@ readonly TPU_METRICS_SOCKET="${CONTAINER_SOCKET_DIR}/tpu-metrics.sock"
 # shellcheck disable=SC2016  # "$0" and "$@" are for the container's /bin/sh, not for this shell
 readonly SOCKET_WRAPPER='rm -f -- "$0" && { python3 /opt/tpuctl/lib/node_agent/metrics_relay.py \
   "${0%/*}/tpu-metrics.sock" @@TPU_METRICS_PORT@@ </dev/null >/dev/null 2>&1 & } && exec "$@"'
-# Runs inside the download container; the model id and revision arrive as argv words, never as code.
-readonly DOWNLOAD_PY='import sys
-from huggingface_hub import snapshot_download
-path = snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None)
-print("@@LOG_PREFIX@@ weights=" + path)'
-
 log() {
   printf '%s @@LOG_PREFIX@@ deployment=%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${DEPLOYMENT_ID}" "$*" \
     | tee -a "${BOOT_LOG}"
@@ -229,32 +227,37 @@ ensure_docker() {
   retry 5 10 apt-get install -y -q docker.io
 }
 
-# Weights are fetched once onto the host disk by a short-lived container of the pinned image (its
-# huggingface_hub reads the token file via HF_TOKEN_PATH); the token file is deleted right after.
+# Weights reach the host disk once per VM through node_agent.weights_restore, run in a short-lived container of the
+# pinned image with the node-agent bundle: each file the Hub lists at the revision comes from the region's cache
+# bucket when its bytes have the Hub's digest, else from the Hub (and then fills the bucket). Its huggingface
+# token is read from a file (HF_TOKEN_PATH) that is deleted right after.
 download_weights() {
-  local started
+  local started report="${HF_CACHE}/tpuctl-weights-report"
   started="$(uptime_cs)"
   if [[ -f "${STATE_DIR}/${WEIGHTS_MARKER}" ]]; then
     stage_done weights "${started}" "cached,$(weights_bytes)"
     progress weights cached
     return 0
   fi
-  progress weights downloading
+  progress weights restoring
   install -d -m 0700 "${DOWNLOAD_SECRETS}"
   if [[ -n "${HF_TOKEN_SECRET}" ]]; then
     retry 5 5 fetch_secret "${HF_TOKEN_SECRET}" "${DOWNLOAD_SECRETS}/hf-token" \
       || fail "cannot read the Hugging Face token ${HF_TOKEN_SECRET} from Secret Manager: save it (tpu_save_hf_token)"
   fi
+  rm -f "${report}"
   retry 3 30 docker run --rm --name "${CONTAINER}-download" --net=host \
     -v "${HF_CACHE}:${CONTAINER_HF_CACHE}" -v "${DOWNLOAD_SECRETS}:/run/secrets/tpuctl-download:ro" \
+    -v "${AGENT_DIR}:/opt/tpuctl:ro" --env PYTHONPATH=/opt/tpuctl/lib \
     --env "HF_HOME=${CONTAINER_HF_CACHE}" --env HF_TOKEN_PATH=/run/secrets/tpuctl-download/hf-token \
-    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" \
-    -c "${DOWNLOAD_PY}" "${MODEL}" "${MODEL_REVISION}" \
-    || fail "cannot download ${MODEL} ${MODEL_REVISION}: check the model id, the revision and the token's access"
+    --env HF_HUB_DISABLE_TELEMETRY=1 --entrypoint python3 "${IMAGE}" -m node_agent.weights_restore \
+    --model "${MODEL}" --revision "${MODEL_REVISION}" --report "${CONTAINER_HF_CACHE}/tpuctl-weights-report" \
+    "${WEIGHTS_CACHE_ARGS[@]}" \
+    || fail "cannot restore or download ${MODEL} ${MODEL_REVISION}: check the model id, the revision and the token"
   rm -rf "${DOWNLOAD_SECRETS}"
   touch "${STATE_DIR}/${WEIGHTS_MARKER}"
-  stage_done weights "${started}" "hub,$(weights_bytes)"
-  progress weights downloaded
+  stage_done weights "${started}" "$(cat "${report}" 2>/dev/null || echo "hub,$(weights_bytes)")"
+  progress weights "restored ($(cut -d , -f 1 "${report}" 2>/dev/null || echo hub))"
 }
 
 # weights_bytes: the model's size in the Hugging Face cache on the boot disk (bytes; nothing when unknown).

@@ -166,6 +166,7 @@ class TestDatasetsAndTransports:
             receiver, _ = listener.accept()
             with sender, receiver:
                 assert enable_receive_times(receiver) is True
+                _wait_until_the_kernel_stamps(sender, receiver)
                 sender.sendall(b"data: {}\n\n")
                 # Readable means the bytes have reached the socket (and were stamped): on a loaded machine loopback
                 # delivery can lag the send, and the stamp rightly follows the delivery, not the send.
@@ -189,3 +190,18 @@ class TestDatasetsAndTransports:
         assert [line["index"] for line in lines] == [0, 1, 2, 3]
         assert all(len(line["itl_ms"]) == 2 and line["output_tokens"] == 3 for line in lines)
         assert all(line["ttft_ms"] >= STUB_FIRST_TOKEN_S * 1000 for line in lines)
+
+
+def _wait_until_the_kernel_stamps(sender: socket.socket, receiver: socket.socket) -> None:
+    """Linux turns receive stamping on through deferred work when the first socket asks, so on a loaded machine the
+    first bytes after ``enable_receive_times`` can arrive unstamped (the transport then falls back to the read time).
+    """
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        sender.sendall(b"x")
+        assert select.select([receiver], [], [], 5.0)[0] == [receiver]
+        _data, ancillary, _flags, _address = receiver.recvmsg(4096, socket.CMSG_SPACE(16))
+        if any(level == socket.SOL_SOCKET for level, _kind, _payload in ancillary):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the kernel never stamped a receive on a socket with SO_TIMESTAMPNS on")

@@ -154,13 +154,30 @@ def _every_boot_stage_is_timed_on_the_record(cloud: LocalCloud, demo: LocalDemo)
             break
         time.sleep(1)
     assert stages is not None and set(stages.seconds) == {"image", "weights", "engine"}, stages
-    assert stages.weights_source in ("hub", "cached") and stages.seconds["engine"] > 0, stages
+    assert stages.weights_source == "hub" and stages.seconds["engine"] > 0, stages  # a first boot: an empty cache
     assert all(0 <= seconds < STEP_TIMEOUT_S for seconds in stages.seconds.values()), stages
     assert stages.weights_bytes is None or stages.weights_bytes >= 0
     gateway = demo.gateway
     assert isinstance(gateway, GatewayCore)
     view = gateway.get_deployment(SPEC.deployment_id).boot
     assert view is not None and view.stages is not None and "engine" in view.stages.text, view
+    _the_first_boot_filled_its_regions_weights_cache(cloud, gateway)
+
+
+def _the_first_boot_filled_its_regions_weights_cache(cloud: LocalCloud, gateway: GatewayCore) -> None:
+    """The restore took each file from the Hub stand-in once, checked it, and filled the region's cache bucket; the
+    plan now reports that cache (the twin's "weights" are the tiny model's files, so it is partial) and its price."""
+    assert cloud.fleet is not None
+    tiny = {path.name: path.stat().st_size for path in cloud.tier.model_dir.iterdir() if path.is_file()}
+    record = cloud.store.get_deployment(SPEC.deployment_id)
+    assert record is not None
+    hub_id = next(iter({repo for repo, _path in cloud.fleet.hub.downloads}))
+    assert {path: count for (_repo, path), count in cloud.fleet.hub.downloads.items()} == dict.fromkeys(tiny, 1)
+    plan = gateway.plan(model=record.spec.model, accelerator=record.spec.accelerator, zones=list(SPEC.zones))
+    (cache,) = plan.weights_cache
+    assert (cache.region, cache.bucket) == ("us-east5", cloud.weights_caches["us-east5"]), cache
+    assert cache.state == "partial" and cache.cached_bytes == sum(tiny.values()), (hub_id, cache)
+    assert cache.usd_per_month is not None and cache.usd_per_month > 0
 
 
 def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: LocalDemo) -> None:

@@ -191,7 +191,10 @@ def test_the_script_times_every_stage_before_the_phase_that_follows() -> None:
     assert main.index("stage_done image") < main.index("install_node_agent")
     weights = _function("download_weights")
     assert weights.index('stage_done weights "${started}" "cached,') < weights.index("progress weights cached")
-    assert weights.index('stage_done weights "${started}" "hub,') < weights.index("progress weights downloaded")
+    # the restore's own report (bucket, hub or mixed, and bytes) is the stage's detail, before the phase moves on
+    assert weights.index('stage_done weights "${started}" "$(cat "${report}"') < weights.index(
+        'progress weights "restored'
+    )
     serving = _function("wait_until_serving")
     assert serving.index("stage_done engine") < serving.index("progress serving")
     assert 'ENGINE_STARTED="$(uptime_cs)"' in _function("start_vllm")

@@ -264,6 +264,17 @@ def test_a_nul_byte_is_refused_naming_the_field(field: str) -> None:
             lambda: ServingEnvironment(project="tpuctl-test", node_agent_bundle_sha256=BUNDLE_SHA256),
             "node_agent_bundle",
         ),
+        *(
+            (
+                lambda caches=caches: ServingEnvironment(project="tpuctl-test", weights_cache_buckets=caches),
+                "weights_cache_buckets",
+            )
+            for caches in (
+                (("us east5", "tpuctl-weights"),),  # not a region
+                (("us-east5", "Bad_Bucket"),),  # not a bucket name
+                (("us-east5", "a;curl x|sh"),),  # shell characters
+            )
+        ),
         (lambda: secret_resource("tpuctl-test", "hf token"), "secret"),
         (lambda: secret_resource("tpuctl-test", "hf-token", "latest/../../x"), "secret"),
     ],
@@ -301,3 +312,32 @@ def test_the_node_agent_reaches_the_serving_container_through_the_docker_socket(
     defaults = NodeAgentSettings(deployment_id="script-check")
     assert defaults.node_container == SERVING_CONTAINER_NAME
     assert defaults.node_docker_host == "unix:///var/run/docker.sock"
+
+
+def test_the_weights_cache_reaches_the_restore_as_argv_words_and_cross_region_only_when_allowed(tmp_path: Path) -> None:
+    caches = (("us-east5", "tpuctl-test-weights-us-east5"), ("europe-west4", "tpuctl-test-weights-europe-west4"))
+    spec = plan_for("tiny-llama", "v6e-1").spec
+    for allowed, tail in ((False, []), (True, ["--cross-region"])):
+        environment = ServingEnvironment(
+            project="tpuctl-test", weights_cache_buckets=caches, weights_cache_cross_region=allowed
+        )
+        script = build_serving_plan(spec, environment).startup_script()
+        result = subprocess.run(
+            ["bash", "-c", values_block(script) + '\nprintf "%s\\0" "${WEIGHTS_CACHE_ARGS[@]}"'],
+            capture_output=True,
+            timeout=10,
+            check=True,
+            cwd=tmp_path,
+        )
+        assert result.stdout.decode().split("\0")[:-1] == [
+            "--cache",
+            "europe-west4=tpuctl-test-weights-europe-west4",
+            "--cache",
+            "us-east5=tpuctl-test-weights-us-east5",
+            *tail,
+        ]
+    restore = script[script.index("download_weights() {") : script.index("weights_bytes() {")]
+    assert "-m node_agent.weights_restore" in restore and '"${WEIGHTS_CACHE_ARGS[@]}"' in restore
+    assert '-v "${AGENT_DIR}:/opt/tpuctl:ro"' in restore  # the restore runs from the verified node-agent bundle
+    unconfigured = plan_for("tiny-llama", "v6e-1").startup_script()
+    assert "WEIGHTS_CACHE_ARGS=(\n\n)" in values_block(unconfigured)

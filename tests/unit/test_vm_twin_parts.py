@@ -8,9 +8,8 @@ import pytest
 
 from localcloud.vm_twin.containers import ContainerSpec
 from localcloud.vm_twin.docker_cli import DockerError, parse_run, render_format
-from localcloud.vm_twin.image import VllmCpuImage, seed_hf_cache
+from localcloud.vm_twin.image import VllmCpuImage
 from localcloud.vm_twin.image_vllm import cpu_argv
-from shared.domain.catalog import PRESETS
 from shared.domain.launch import API_KEY_FILE, KEY_WRAPPER
 
 
@@ -108,14 +107,3 @@ class TestImage:
         )
         assert image.has("vllm/vllm-tpu:v0.32.0")
         assert not image.has("vllm/vllm-tpu:latest") and not image.has("vllm/vllm-tpu")
-
-    def test_every_catalog_model_is_in_the_vms_cache_as_the_tiny_model(self, tmp_path: Path) -> None:
-        model = tmp_path / "tiny"
-        model.mkdir()
-        (model / "config.json").write_text("{}")
-        seeded = seed_hf_cache(tmp_path / "hf", model)
-        hub_ids = {preset.hub_id for preset in PRESETS.values() if "/" in preset.hub_id}
-        assert set(seeded) == hub_ids and seeded
-        repo = tmp_path / "hf" / "hub" / ("models--" + seeded[0].replace("/", "--"))
-        commit = (repo / "refs" / "main").read_text()
-        assert (repo / "snapshots" / commit / "config.json").resolve() == (model / "config.json").resolve()

@@ -53,6 +53,10 @@ locals {
     TPUCTL_NODE_EXTERNAL_IPS    = "false"
     # Where node agents keep debug bundles (the VMs get it through the startup script's agent environment).
     TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
+    # The regional weights caches, region -> bucket (the startup script restores from its region's own bucket), and
+    # whether a VM may read another region's (egress is billed).
+    TPUCTL_WEIGHTS_CACHE_BUCKETS      = jsonencode({ for region, bucket in google_storage_bucket.weights_cache : region => bucket.name })
+    TPUCTL_WEIGHTS_CACHE_CROSS_REGION = tostring(var.weights_cache_cross_region)
   }
 
   # The node-agent bundle every TPU VM fetches, verifies and installs at boot (docs/deploy.md); only when one is
@@ -70,6 +74,18 @@ locals {
   # understands (shared/adapters/_pubsub_rules.py), and tests check every message kind reaches exactly one
   # function and that routes.json matches the table.
   route_filters = jsondecode(file("${path.module}/routes.json"))
+
+  # One weights cache per region: null is the functions' region alone, [] no cache. A name longer than Cloud Storage's
+  # 63 characters (a 30-character project id, a 12-character prefix and a long region such as northamerica-northeast2)
+  # keeps the prefix and the region and stands for the project id by a short hash of it.
+  weights_cache_regions = distinct(var.weights_cache_regions == null ? [var.region] : var.weights_cache_regions)
+  weights_cache_bucket_names = {
+    for region in local.weights_cache_regions : region => (
+      length("${var.project_id}-${var.name_prefix}-weights-${region}") <= 63
+      ? "${var.project_id}-${var.name_prefix}-weights-${region}"
+      : "${var.name_prefix}-weights-${region}-${substr(sha256(var.project_id), 0, 8)}"
+    )
+  }
 
   gateway_vllm_key_readers  = var.gateway_reads_vllm_api_key ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
   gateway_hf_token_managers = var.gateway_manages_hf_token ? { for p in var.gateway_principals : "gateway ${p}" => p } : {}
@@ -162,6 +178,60 @@ resource "google_storage_bucket" "debug_bundles" {
       type = "Delete"
     }
   }
+}
+
+# --- weights cache: model weights kept near the TPU VMs, one bucket per region ------------------------------
+
+# A cache, not a record: the node agents restore a model's files from their region's bucket and fill it on a miss
+# (shared/domain/weights_cache.py). Each object is named by the Hugging Face Hub's digest of the file and every reader
+# hashes what it restores against the Hub's listing, so nothing here is trusted for its content: an object older than
+# var.weights_cache_max_age_days is deleted and the next boot fetches it again. No versioning and no soft delete: a
+# replaced or expired object would otherwise be billed for days after the cache let go of it.
+resource "google_storage_bucket" "weights_cache" {
+  #checkov:skip=CKV_GCP_62:A disposable cache whose objects every reader checks against the Hub's hashes; access is audited by Cloud Audit Logs.
+  #checkov:skip=CKV_GCP_78:A cache of public digests, refilled from the Hub: old versions would only be billed, never read.
+  for_each = toset(local.weights_cache_regions)
+
+  project                     = local.project_id
+  name                        = local.weights_cache_bucket_names[each.key]
+  location                    = upper(each.key)
+  storage_class               = "STANDARD"
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true
+  labels                      = merge(local.labels, { component = "weights-cache", region = each.key })
+
+  soft_delete_policy {
+    retention_duration_seconds = 0
+  }
+
+  lifecycle_rule {
+    condition {
+      age = var.weights_cache_max_age_days
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  lifecycle_rule {
+    condition {
+      age = 1
+    }
+    action {
+      type = "AbortIncompleteMultipartUpload"
+    }
+  }
+}
+
+# The provisioner reads the caches (the plan reports what is cached and what keeping it costs); the TPU VMs' rights are
+# with the identities module's. No one else is granted anything on them.
+resource "google_storage_bucket_iam_member" "provision_weights_cache_reader" {
+  for_each = google_storage_bucket.weights_cache
+
+  bucket = each.value.name
+  role   = "roles/storage.objectViewer"
+  member = module.provision.service_account_member
 }
 
 resource "google_storage_bucket_object" "node_agent_bundle" {
@@ -356,8 +426,10 @@ module "identities" {
   node_tasks_topic    = local.topic_ids.node_tasks
   source_bucket       = google_storage_bucket.sources.name
   debug_bundle_bucket = google_storage_bucket.debug_bundles.name
-  gateway_principals  = var.gateway_principals
-  tpu_vm_users        = { provision = module.provision.service_account_member }
+  # The VMs restore, fill and repair the regional weights caches (objectUser on each).
+  weights_cache_buckets = { for region, bucket in google_storage_bucket.weights_cache : region => bucket.name }
+  gateway_principals    = var.gateway_principals
+  tpu_vm_users          = { provision = module.provision.service_account_member }
   # The startup script sets TPUCTL_TRACE_EXPORT=cloud-trace for the node agents when the functions export there.
   tpu_vm_writes_traces = var.trace_export == "cloud-trace"
   # The provisioner opens each deployment's node channel and grants the TPU VM account subscriber on it.

@@ -14,6 +14,9 @@ output "gateway_environment" {
     TPUCTL_ENDPOINT_ACCESS = var.allow_iap_vllm ? "iap" : "direct"
     # tpu_debug_bundle reads the bundles node agents keep here.
     TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
+    # The weights caches as the functions have them: the same startup script, and the plan's cache state.
+    TPUCTL_WEIGHTS_CACHE_BUCKETS      = local.function_environment.TPUCTL_WEIGHTS_CACHE_BUCKETS
+    TPUCTL_WEIGHTS_CACHE_CROSS_REGION = local.function_environment.TPUCTL_WEIGHTS_CACHE_CROSS_REGION
   }, local.node_agent_environment)
 }
 
@@ -72,4 +75,9 @@ output "secrets" {
 output "alert_policies" {
   description = "Alert policy ids by purpose."
   value       = module.monitoring.alert_policy_ids
+}
+
+output "weights_cache_buckets" {
+  description = "The regional weights caches, region -> bucket (weights/models--ORG--NAME/blobs/<digest>); empty when weights_cache_regions is []."
+  value       = { for region, bucket in google_storage_bucket.weights_cache : region => bucket.name }
 }

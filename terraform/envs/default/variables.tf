@@ -269,3 +269,31 @@ variable "debug_bundle_retention_days" {
     error_message = "debug_bundle_retention_days: use a whole number of days from 1 to 365."
   }
 }
+
+variable "weights_cache_regions" {
+  description = "Regions that get a Cloud Storage cache of model weights (one Standard bucket each) TPU VMs restore from and fill. This configuration names no TPU zones (the controller picks them at run time), so null means var.region alone; list every region your deployments' zones are in (us-east5-b is in us-east5). [] creates no cache: VMs download from the Hub."
+  type        = list(string)
+  default     = null
+
+  validation {
+    condition     = var.weights_cache_regions == null ? true : alltrue([for region in var.weights_cache_regions : can(regex("^[a-z]+-[a-z]+[0-9]+$", region))])
+    error_message = "weights_cache_regions: use region names such as us-east5 or europe-west4, not zones (us-east5-b) or multi-regions (US)."
+  }
+}
+
+variable "weights_cache_max_age_days" {
+  description = "Days a weights-cache object is kept after it was written; then it is deleted (a cache: the next boot that needs it fetches it from the Hub and fills it again)."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.weights_cache_max_age_days >= 1 && var.weights_cache_max_age_days <= 3650 && floor(var.weights_cache_max_age_days) == var.weights_cache_max_age_days
+    error_message = "weights_cache_max_age_days: use a whole number of days from 1 to 3650."
+  }
+}
+
+variable "weights_cache_cross_region" {
+  description = "TPUCTL_WEIGHTS_CACHE_CROSS_REGION of the functions: a VM in a region without a cache may read another region's (egress between regions is billed per byte). Off: it downloads from the Hub instead."
+  type        = bool
+  default     = false
+}

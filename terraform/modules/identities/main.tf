@@ -3,7 +3,7 @@
 #
 # TPU VM: writes logs (roles/logging.logWriter: the node agent ships the vLLM container's lines to
 # Cloud Logging as the VM) and metrics, publishes results on the events topic, reads the node-agent
-# bundle (and nothing else) from the source bucket. Its secret access is granted per secret by the
+# bundle (and nothing else) from the source bucket, keeps debug bundles, and uses the regional weights caches. Its secret access is granted per secret by the
 # secrets module. It holds no Pub/Sub right at project level and none on any topic but events: it
 # reads its node tasks from its deployment's node channel, on which the controller grants it
 # roles/pubsub.subscriber at run time (below, and docs/deploy.md "Who may do what").
@@ -70,6 +70,36 @@ resource "google_storage_bucket_iam_member" "tpu_vm_debug_bundle_writer" {
     description = "Only objects under debug-bundles/."
     expression  = "resource.name.startsWith(\"projects/_/buckets/${var.debug_bundle_bucket}/objects/debug-bundles/\")"
   }
+}
+
+# Weights caches (shared/domain/weights_cache.py): a VM restores a model's files from its region's bucket, fills it on a
+# miss and replaces a corrupt object (an ifGenerationMatch write), so objectUser on each cache bucket and nothing on any
+# other. Who wrote an object does not matter: every reader hashes each file against the Hugging Face Hub's listing of
+# the pinned revision, so a hostile VM can at worst empty the cache, never change what a model computes.
+resource "google_storage_bucket_iam_member" "tpu_vm_weights_cache_user" {
+  for_each = var.weights_cache_buckets
+
+  bucket = each.value
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.tpu_vm.email}"
+
+  condition {
+    title       = "weights-only"
+    description = "Only objects under weights/ (the VM never lists the bucket)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/weights/\")"
+  }
+}
+
+# The gateway's users see what each cache holds in a plan (its state and what keeping it costs).
+resource "google_storage_bucket_iam_member" "gateway_weights_cache_reader" {
+  for_each = {
+    for pair in setproduct(keys(var.weights_cache_buckets), tolist(var.gateway_principals)) :
+    "${pair[0]} ${pair[1]}" => { bucket = var.weights_cache_buckets[pair[0]], member = pair[1] }
+  }
+
+  bucket = each.value.bucket
+  role   = "roles/storage.objectViewer"
+  member = each.value.member
 }
 
 resource "google_storage_bucket_iam_member" "gateway_debug_bundle_reader" {

@@ -34,6 +34,12 @@ variable "debug_bundle_bucket" {
   type        = string
 }
 
+variable "weights_cache_buckets" {
+  description = "The regional weights-cache buckets, region -> bucket name: the TPU VM restores, fills and repairs them (roles/storage.objectUser on each)."
+  type        = map(string)
+  default     = {}
+}
+
 variable "node_channel_managers" {
   description = "IAM members that open and close node channels (the provision function), keyed by a static name."
   type        = map(string)

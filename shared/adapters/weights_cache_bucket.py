@@ -1,0 +1,207 @@
+"""``WeightsCacheBucket``: one region's weights cache, Cloud Storage's JSON wire spoken directly (as a TPU VM does).
+
+Why this way: the restore runs in the download container on the VM with the node-agent bundle's google-auth and
+requests; google-cloud-storage would add its dependencies to that bundle for four calls. The calls:
+
+* ``GET /storage/v1/b/B``: the bucket's ``location`` (a cache is read only in its own region, unless allowed);
+* ``GET /storage/v1/b/B/o/N``: an object's size and generation (404: a miss);
+* ``GET ...?alt=media&generation=G`` with ``Range`` headers, several at once: a large file is read in parts in
+  parallel into one file (``os.pwrite``); pinning the generation means a replaced object cannot mix into a read;
+* ``POST /upload/storage/v1/b/B/o?uploadType=media&ifGenerationMatch=G``: G=0 creates only, G>0 replaces only the
+  generation a reader refused; so of two fillers one wins (412 for the other) and a good refill is never undone.
+
+Errors are ``CloudError``s naming the bucket, the object and the fix. Identity: the VM's own service account from
+its metadata server (``on_vm``), or the session given (tests against the stand-in).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from shared.domain.errors import CloudError, ErrorClass
+from shared.logging import scrub_untrusted
+
+__all__ = ["DEFAULT_ENDPOINT", "PART_BYTES", "CloudStorageCacheState", "WeightsCacheBucket", "vm_zone"]
+
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+PART_BYTES = 64 * 1024 * 1024  # one ranged read; a 5 GB shard is read as ~80 parts, `parallel` at a time
+_FIX = "grant the TPU VM's service account roles/storage.objectUser on the bucket (terraform apply)"
+_METADATA = "http://{host}/computeMetadata/v1/instance/zone"
+
+
+class WeightsCacheBucket:
+    """Reads, conditional writes and the location of one cache bucket."""
+
+    def __init__(
+        self, bucket: str, session: requests.Session, *, endpoint: str | None = None, parallel: int = 8
+    ) -> None:
+        self.bucket = bucket
+        self._session = session
+        self._endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        self._parallel = max(1, parallel)
+
+    @classmethod
+    def on_vm(cls, bucket: str, *, endpoint: str | None = None) -> WeightsCacheBucket:
+        """The bucket as this VM's service account reaches it (tokens from the metadata server)."""
+        from google.auth.compute_engine import Credentials as VmCredentials
+        from google.auth.transport.requests import AuthorizedSession
+
+        return cls(bucket, AuthorizedSession(VmCredentials()), endpoint=endpoint)
+
+    def location(self) -> str:
+        """The bucket's location, lower case (``us-east5``; a multi-region such as ``us`` has no dash)."""
+        body = self._json("GET", f"{self._endpoint}/storage/v1/b/{quote(self.bucket, safe='')}", "")
+        return str(body.get("location") or "").lower()
+
+    def stat(self, name: str) -> tuple[int, int] | None:
+        """``(size, generation)`` of an object, None when there is none."""
+        body = self._json("GET", self._object_url(name), name, missing_ok=True)
+        if not body:
+            return None
+        return int(body["size"]), int(body["generation"])
+
+    def read_to(self, name: str, generation: int, size: int, path: Path) -> None:
+        """The object's bytes of that generation into ``path``, in ranged parts read in parallel."""
+        parts = [(start, min(start + PART_BYTES, size) - 1) for start in range(0, size, PART_BYTES)]
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(descriptor, size)
+            with ThreadPoolExecutor(max_workers=self._parallel, thread_name_prefix="cache-read") as pool:
+                list(pool.map(lambda part: self._read_part(name, generation, part, descriptor), parts))
+        finally:
+            os.close(descriptor)
+
+    def write_from(self, name: str, path: Path, *, if_generation: int) -> bool:
+        """Store ``path`` as ``name`` if its generation is still ``if_generation`` (0: absent); False if it was not."""
+        url = f"{self._endpoint}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        params = {"uploadType": "media", "name": name, "ifGenerationMatch": str(if_generation)}
+        with path.open("rb") as body:
+            response = self._call(
+                "POST", url, name, params=params, data=body, headers={"Content-Type": "application/octet-stream"}
+            )
+        with response:
+            if response.status_code == 412:
+                return False
+            if response.status_code >= 300:
+                raise self._classified(response, "upload", name)
+        return True
+
+    def where(self, name: str) -> str:
+        return f"gs://{self.bucket}/{name}"
+
+    def prefix_bytes(self, prefix: str, *, max_pages: int = 100) -> int:
+        """The total size of the objects under ``prefix`` (``GET .../o?prefix=``, page by page)."""
+        url = f"{self._endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        total, token = 0, ""
+        for _page in range(max_pages):
+            params = {"prefix": prefix, "fields": "items(size),nextPageToken"} | ({"pageToken": token} if token else {})
+            with self._call("GET", url, prefix, params=params) as response:
+                if response.status_code >= 300:
+                    raise self._classified(response, "list", prefix)
+                body = response.json()
+            total += sum(int(item.get("size") or 0) for item in body.get("items") or [])
+            token = str(body.get("nextPageToken") or "")
+            if not token:
+                break
+        return total
+
+    def _read_part(self, name: str, generation: int, part: tuple[int, int], descriptor: int) -> int:
+        start, end = part
+        params = {"alt": "media", "generation": str(generation)}
+        headers = {"Range": f"bytes={start}-{end}"}
+        with self._call("GET", self._object_url(name), name, params=params, headers=headers, stream=True) as response:
+            if response.status_code not in (200, 206):
+                raise self._classified(response, "download", name)
+            offset = start
+            try:
+                for chunk in response.iter_content(chunk_size=1024 * 1024):
+                    if offset + len(chunk) > end + 1:
+                        raise CloudError(ErrorClass.TRANSIENT, f"{self.where(name)}: more bytes than were asked for")
+                    os.pwrite(descriptor, chunk, offset)
+                    offset += len(chunk)
+            except requests.RequestException as exc:
+                raise CloudError(ErrorClass.TRANSIENT, f"{self.where(name)}: read cut short: {exc}") from exc
+        if offset != end + 1:
+            raise CloudError(ErrorClass.TRANSIENT, f"{self.where(name)}: part {start}-{end} ended at {offset}")
+        return offset - start
+
+    def _object_url(self, name: str) -> str:
+        return f"{self._endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(name, safe='')}"
+
+    def _json(self, method: str, url: str, name: str, *, missing_ok: bool = False) -> dict[str, Any]:
+        with self._call(method, url, name) as response:
+            if response.status_code == 404 and missing_ok:
+                return {}
+            if response.status_code >= 300:
+                raise self._classified(response, "read", name)
+            body = response.json()
+        return body if isinstance(body, dict) else {}
+
+    def _call(self, method: str, url: str, name: str, **kwargs: Any) -> requests.Response:
+        try:
+            return self._session.request(method, url, timeout=(10, 120), **kwargs)
+        except requests.RequestException as exc:
+            raise CloudError(ErrorClass.TRANSIENT, f"{self.where(name)}: unreachable: {type(exc).__name__}") from exc
+        except Exception as exc:  # google-auth's refresh errors: no token, no cache
+            raise CloudError(ErrorClass.PERMISSION, f"{self.where(name)}: no token: {type(exc).__name__}") from exc
+
+    def _classified(self, response: requests.Response, verb: str, name: str) -> CloudError:
+        code = response.status_code
+        try:
+            message = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = response.reason or ""
+        text = f"Cloud Storage {verb} of {self.where(name)}: HTTP {code}: {scrub_untrusted(message, 200)[0]}"
+        if code in (401, 403):
+            return CloudError(ErrorClass.PERMISSION, f"{text} ({_FIX})", code=code)
+        if code == 404:
+            return CloudError(ErrorClass.NOT_FOUND, f"{text} (no bucket {self.bucket}: terraform apply)", code=code)
+        if code == 429 or code == 408 or code >= 500:
+            return CloudError(ErrorClass.TRANSIENT, f"{text} (retry later)", code=code)
+        return CloudError(ErrorClass.INVALID, text, code=code)
+
+
+def vm_zone(metadata_host: str | None = None) -> str:
+    """This VM's zone from its metadata server (``projects/N/zones/us-east5-b`` -> ``us-east5-b``)."""
+    host = metadata_host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    try:
+        response = requests.get(_METADATA.format(host=host), headers={"Metadata-Flavor": "Google"}, timeout=10)
+    except requests.RequestException as exc:
+        raise CloudError(ErrorClass.TRANSIENT, f"the metadata server at {host} is unreachable") from exc
+    if response.status_code != 200:
+        raise CloudError(ErrorClass.TRANSIENT, f"the metadata server answered {response.status_code} for the zone")
+    return response.text.rsplit("/", 1)[-1]
+
+
+class CloudStorageCacheState:
+    """What the weights caches hold, as the gateway reads it (``WeightsCacheState``): the user's Application Default
+    Credentials, read-only scope; anonymous at an overridden endpoint (a local stand-in, as ``cloud_logging``)."""
+
+    def __init__(self, *, endpoint: str | None = None, session: requests.Session | None = None) -> None:
+        self._endpoint = endpoint
+        self._session = session
+
+    def cached_bytes(self, bucket: str, repo_id: str) -> int:
+        from shared.domain.weights_cache import WEIGHTS_PREFIX, repo_folder
+
+        return WeightsCacheBucket(bucket, self._authorized(), endpoint=self._endpoint).prefix_bytes(
+            f"{WEIGHTS_PREFIX}{repo_folder(repo_id)}/blobs/"
+        )
+
+    def _authorized(self) -> requests.Session:
+        if self._session is None:
+            if self._endpoint is not None:
+                self._session = requests.Session()
+            else:
+                import google.auth
+                from google.auth.transport.requests import AuthorizedSession
+
+                credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+                self._session = AuthorizedSession(credentials)
+        return self._session
