@@ -18,6 +18,7 @@ came from; the startup script puts it in the boot stages (``tpuctl/stages``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shared.domain.errors import CloudError
+from shared.domain.models import region_of
 from shared.domain.weights_cache import (
     FileDigest,
     HubFile,
@@ -86,8 +88,7 @@ class RestoreReport:
         return f"{self.source},{self.total_bytes}"
 
     def as_json(self) -> str:
-        body = {"commit": self.commit, "source": self.source, "bytes": self.total_bytes, **self.__dict__}
-        return json.dumps({key: value for key, value in body.items() if key != "total_bytes"}, sort_keys=True)
+        return json.dumps({**dataclasses.asdict(self), "source": self.source}, sort_keys=True)
 
 
 def restore_weights(
@@ -227,7 +228,7 @@ def _vm_cache(buckets: dict[str, str], cross_region: bool) -> tuple[CacheBucket 
     from shared.config import Settings
 
     try:
-        region = vm_zone().rsplit("-", 1)[0]
+        region = region_of(vm_zone())
     except CloudError as exc:
         return None, f"the VM's region is unknown ({exc}): the cache is not read"
     endpoint = Settings().storage_endpoint

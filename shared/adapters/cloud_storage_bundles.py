@@ -36,7 +36,7 @@ from shared.domain.debug_bundle import MAX_BUNDLE_BYTES
 from shared.domain.errors import CloudError, ErrorClass
 from shared.logging import scrub_untrusted
 
-__all__ = ["DEFAULT_ENDPOINT", "SCOPE", "CloudStorageBundles"]
+__all__ = ["DEFAULT_ENDPOINT", "SCOPE", "CloudStorageBundles", "error_message"]
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
@@ -156,7 +156,7 @@ class CloudStorageBundles:
 
     def _classified(self, response: requests.Response, verb: str, name: str, fix: str) -> CloudError:
         code = response.status_code
-        text = f"Cloud Storage {verb} of {self.location(name)}: HTTP {code}: {_message(response)}"
+        text = f"Cloud Storage {verb} of {self.location(name)}: HTTP {code}: {error_message(response)}"
         if code in (401, 403):
             return CloudError(ErrorClass.PERMISSION, f"{text} ({fix})", code=code)
         if code == 404:
@@ -178,7 +178,8 @@ def _check_name(where: str, name: str) -> None:
         raise CloudError(ErrorClass.INVALID, f"{where}: not a Cloud Storage object name (use bundle_object_name)")
 
 
-def _message(response: requests.Response) -> str:
+def error_message(response: requests.Response) -> str:
+    """Cloud Storage's error message in a JSON answer (else the reason), scrubbed and bounded: it is untrusted."""
     try:
         message = str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):

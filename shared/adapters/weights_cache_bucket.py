@@ -24,15 +24,14 @@ from urllib.parse import quote
 
 import requests
 
+from shared.adapters.cloud_storage_bundles import error_message
 from shared.domain.errors import CloudError, ErrorClass
-from shared.logging import scrub_untrusted
 
 __all__ = ["DEFAULT_ENDPOINT", "PART_BYTES", "CloudStorageCacheState", "WeightsCacheBucket", "vm_zone"]
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 PART_BYTES = 64 * 1024 * 1024  # one ranged read; a 5 GB shard is read as ~80 parts, `parallel` at a time
 _FIX = "grant the TPU VM's service account roles/storage.objectUser on the bucket (terraform apply)"
-_METADATA = "http://{host}/computeMetadata/v1/instance/zone"
 
 
 class WeightsCacheBucket:
@@ -153,11 +152,7 @@ class WeightsCacheBucket:
 
     def _classified(self, response: requests.Response, verb: str, name: str) -> CloudError:
         code = response.status_code
-        try:
-            message = str(response.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            message = response.reason or ""
-        text = f"Cloud Storage {verb} of {self.where(name)}: HTTP {code}: {scrub_untrusted(message, 200)[0]}"
+        text = f"Cloud Storage {verb} of {self.where(name)}: HTTP {code}: {error_message(response)}"
         if code in (401, 403):
             return CloudError(ErrorClass.PERMISSION, f"{text} ({_FIX})", code=code)
         if code == 404:
@@ -167,16 +162,17 @@ class WeightsCacheBucket:
         return CloudError(ErrorClass.INVALID, text, code=code)
 
 
-def vm_zone(metadata_host: str | None = None) -> str:
-    """This VM's zone from its metadata server (``projects/N/zones/us-east5-b`` -> ``us-east5-b``)."""
-    host = metadata_host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+def vm_zone() -> str:
+    """This VM's zone from its metadata server (``projects/N/zones/us-east5-b`` -> ``us-east5-b``), read as
+    ``cloud_logging_sink`` reads it (google-auth honours ``GCE_METADATA_HOST``)."""
+    from google.auth import exceptions as auth_exceptions
+    from google.auth.compute_engine import _metadata
+    from google.auth.transport.requests import Request
+
     try:
-        response = requests.get(_METADATA.format(host=host), headers={"Metadata-Flavor": "Google"}, timeout=10)
-    except requests.RequestException as exc:
-        raise CloudError(ErrorClass.TRANSIENT, f"the metadata server at {host} is unreachable") from exc
-    if response.status_code != 200:
-        raise CloudError(ErrorClass.TRANSIENT, f"the metadata server answered {response.status_code} for the zone")
-    return response.text.rsplit("/", 1)[-1]
+        return str(_metadata.get(Request(), "instance/zone")).rsplit("/", 1)[-1]
+    except auth_exceptions.TransportError as exc:
+        raise CloudError(ErrorClass.TRANSIENT, f"metadata server unreachable: {exc}") from exc
 
 
 class CloudStorageCacheState:

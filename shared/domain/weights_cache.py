@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from shared.domain.models import region_of
+
 __all__ = [
     "LFS_SUFFIXES",
     "STORAGE_USD_PER_GB_MONTH",
@@ -193,7 +195,4 @@ def storage_usd_per_month(total_bytes: int) -> float:
 
 def regions_of(zones: Iterable[str]) -> list[str]:
     """The regions of ``zones`` (``us-east5-b`` -> ``us-east5``), first-seen order."""
-    seen: dict[str, None] = {}
-    for zone in zones:
-        seen.setdefault(zone.rsplit("-", 1)[0], None)
-    return list(seen)
+    return list(dict.fromkeys(region_of(zone) for zone in zones))
