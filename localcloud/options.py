@@ -37,6 +37,9 @@ class LocalCloudOptions:
     gcp: bool = False
     """The production-path twin: every process with ``TPUCTL_BACKEND=gcp`` (Firestore, Pub/Sub, Secret Manager,
     Cloud Scheduler, Cloud TPU, Billing, Quotas clients) on the emulators and local stand-ins; implies emulators."""
+    twin_compile: bool = False
+    """Let the VM twins' vLLM on CPU compile (torch.compile, cached under the VM's vLLM cache directory) instead of
+    running eagerly: slower boots, but a compile cache to be cold or warm (``benchmarks/startup.py``)."""
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:

@@ -59,6 +59,7 @@ from localcloud.tpu_sim import SimServer, World, load_scenario
 from localcloud.vllm_cpu import REPO_ROOT, VllmCpuTier, free_loopback_port, stop_group
 from localcloud.vm_twin.agent_bundle import PublishedBundle, publish_node_agent
 from localcloud.vm_twin.google_apis import GoogleApis
+from localcloud.vm_twin.image_vllm import TWIN_COMPILE
 from localcloud.vm_twin.metadata_server import TokenIssuer
 from localcloud.vm_twin.vm import VmFleet, unshare_available
 from shared.adapters.file_secrets import FileSecretStore
@@ -344,7 +345,7 @@ class LocalCloud:
             tokens=self.tokens,
             work_dir=self.data_dir / "nodes",
             log_dir=self.log_dir,
-            container_env=self.client_env(),
+            container_env={**self.client_env(), **({TWIN_COMPILE: "1"} if self.options.twin_compile else {})},
             routes=(self.sim.port, *self._emulator_ports()),
             clock_endpoint=self.sim_url,
         )
@@ -443,6 +444,13 @@ class LocalCloud:
         if self._bus is None:
             raise RuntimeError("LocalCloud: call start() first")
         return self._bus
+
+    @property
+    def scheduler(self) -> SchedulerApi:
+        """Cloud Scheduler as the functions see it (its stand-in, or the embedded one)."""
+        if self._scheduler is None:
+            raise RuntimeError("LocalCloud: call start() first")
+        return self._scheduler
 
     @property
     def secrets(self) -> FileSecretStore:

@@ -14,10 +14,20 @@ class BootStagesView(BaseModel):
 
     seconds: dict[str, float] = Field(
         description="Stage to seconds: image (the image pull), weights, engine (the vLLM container's start until "
-        "/health answered 200: engine init and compilation together; a compile-cache hit or miss is not known)."
+        "/health answered 200: engine init and compilation together), first_token (the first one-token completion "
+        "after health)."
     )
     weights_source: str | None = Field(
-        default=None, description="cached (the boot disk had the weights) or hub (downloaded)."
+        default=None,
+        description="cached (the boot disk had the weights), bucket (the region's weights cache), hub (downloaded) "
+        "or mixed.",
     )
     weights_bytes: int | None = Field(default=None, description="The model's size on the boot disk, if known.")
-    text: str = Field(description="For people, e.g. 'image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s'.")
+    compile_cache: str | None = Field(
+        default=None,
+        description="warm (compiled artefacts of an earlier start were on the disk when the engine started) or cold.",
+    )
+    text: str = Field(
+        description="For people, e.g. 'image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s (compile cache "
+        "cold), first token 4 s'."
+    )

@@ -23,6 +23,13 @@ Only the calls a VM makes are served, on Google's REST wire:
   ``conditionNotMet`` as Google words it (checked and written atomically, so of two racing writers one wins); 404
   for a bucket that was never made; 413 for a body over :data:`MAX_UPLOAD_BYTES`; 400 for a name a file path
   cannot hold faithfully (``.`` or ``..`` or empty segments, line breaks), since objects are files here;
+* ``POST ...?uploadType=resumable&name=N[&ifGenerationMatch=G]`` with ``X-Upload-Content-Length``: a session,
+  its URI in ``Location`` (``...&upload_id=ID``); then ``PUT`` that URI with ``Content-Range: bytes A-B/TOTAL``
+  chunks (each but the last a multiple of 256 KiB, at most :data:`MAX_CHUNK_BYTES`) answered 308 with
+  ``Range: bytes=0-N`` (what is committed: a chunk that starts past it is not taken, one that overlaps it adds
+  only its new bytes) until the last byte, which stores the object as a media upload does (the precondition
+  checked then, 412 if it no longer holds); ``bytes */TOTAL`` asks where the session stands; an unknown session
+  is 404. The object exists only once whole;
 * Cloud Logging's ``POST /v2/entries:write`` (the node agent ships vLLM's lines) and ``POST /v2/entries:list``
   (``tpu_get_logs`` reads them), served by :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need
   a VM's token like every call here; a list is served to any caller, token or not (the gateway reads with the
@@ -47,23 +54,29 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import stat
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from localcloud.vm_twin.logging_api import CloudLoggingStandIn
+from localcloud.vm_twin.loopback_http import StandInServer
 from localcloud.vm_twin.metadata_server import TokenIssuer
 from shared.ports import SecretStore
 
-__all__ = ["MAX_UPLOAD_BYTES", "GoogleApis"]
+__all__ = ["MAX_CHUNK_BYTES", "MAX_UPLOAD_BYTES", "GoogleApis"]
 
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024
+MAX_CHUNK_BYTES = 64 * 1024 * 1024  # one PUT of a resumable session
+_CHUNK_QUANTUM = 256 * 1024
+_CONTENT_RANGE = re.compile(r"^bytes (?:(\d+)-(\d+)|\*)/(\d+)$")
+_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 """The largest upload body taken (debug bundles are bounded at 4 MiB by every store; this bounds the stand-in)."""
 
 _SECRET = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$")
@@ -116,14 +129,11 @@ class GoogleApis:
         self.logging = CloudLoggingStandIn(project, tokens)
         self.calls: list[tuple[str, str]] = []  # (method, path) of every call, for tests that prove a route ran
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.apis = self  # type: ignore[attr-defined]
-        self._serving: threading.Thread | None = None
+        self._server = StandInServer(_Handler, self, name="google-apis", host=host)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def base_url(self) -> str:
@@ -140,16 +150,12 @@ class GoogleApis:
         }
 
     def start(self) -> str:
-        self._serving = threading.Thread(target=self._server.serve_forever, name="google-apis", daemon=True)
-        self._serving.start()
+        self._server.start()
         return self.base_url
 
     def stop(self) -> None:
         """Stop serving (a no-op for an instance never started: the embedded default starts only one)."""
-        if self._serving is not None:
-            self._server.shutdown()
-            self._serving = None
-        self._server.server_close()
+        self._server.stop()
 
     def create_bucket(self, bucket: str, location: str = "US") -> None:
         """Make an empty bucket in ``location`` (what ``terraform apply`` creates)."""
@@ -210,8 +216,11 @@ class GoogleApis:
             return 200, {"name": f"projects/{project}/secrets/{secret}/versions/{version}", "state": "ENABLED"}
         return _error(404, f"no such API here: POST {path}")
 
-    def upload(self, path: str, query: str, authorization: str | None, data: bytes, length: int) -> tuple[int, Body]:
-        """``POST /upload/storage/v1/b/B/o?uploadType=media``: store one object (``length``: the declared size)."""
+    def upload(
+        self, path: str, query: str, authorization: str | None, data: bytes, length: int, total: str | None = None
+    ) -> tuple[int, Body]:
+        """``POST /upload/storage/v1/b/B/o?uploadType=media``: store one object (``length``: the declared size);
+        ``uploadType=resumable``: open a session for ``total`` bytes (``X-Upload-Content-Length``)."""
         with self._lock:
             self.calls.append(("POST", path))
         if self.require_token and self.tokens.identity(authorization) is None:
@@ -221,8 +230,9 @@ class GoogleApis:
             return _error(404, f"no such API here: POST {path}")
         params = parse_qs(query)
         bucket, name = match.group(1), params.get("name", [""])[0]
-        if params.get("uploadType", [""])[0] != "media":
-            return _storage_error(400, "invalid", "The stand-in takes uploadType=media only.")
+        kind = params.get("uploadType", [""])[0]
+        if kind not in ("media", "resumable"):
+            return _storage_error(400, "invalid", "The stand-in takes uploadType=media or resumable.")
         if length > MAX_UPLOAD_BYTES:
             return _storage_error(413, "uploadTooLarge", f"Upload of {length} bytes is over {MAX_UPLOAD_BYTES}.")
         if problem := _unstorable(name):
@@ -232,7 +242,64 @@ class GoogleApis:
         precondition = params.get("ifGenerationMatch", [""])[0]
         if precondition and not precondition.isdigit():
             return _storage_error(400, "invalid", f"Invalid argument ifGenerationMatch={precondition!r}.")
+        if kind == "resumable":
+            return self._open_session(bucket, name, int(precondition) if precondition else None, total)
         return self._store(bucket, name, data, int(precondition) if precondition else None)
+
+    def _open_session(self, bucket: str, name: str, precondition: int | None, total: str | None) -> tuple[int, Body]:
+        """A resumable session: its state in two files beside the bucket's objects (hidden from listings)."""
+        if total is None or not total.isdigit():
+            return _storage_error(400, "invalid", "A resumable upload needs X-Upload-Content-Length.")
+        current = _generation(self._object_path(bucket, name))
+        if precondition is not None and precondition != (current or 0):
+            return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
+        upload_id = secrets.token_hex(16)
+        meta = {"bucket": bucket, "name": name, "precondition": precondition, "total": int(total)}
+        self._session_path(bucket, upload_id, ".json").write_text(json.dumps(meta), encoding="utf-8")
+        self._session_path(bucket, upload_id).write_bytes(b"")
+        location = f"{self.base_url}/upload/storage/v1/b/{bucket}/o?uploadType=resumable&upload_id={upload_id}"
+        return 200, Media(b"", {"Location": location})
+
+    def resume(self, path: str, query: str, content_range: str, data: bytes) -> tuple[int, Body]:
+        """``PUT`` a session's URI: take a chunk (or answer where it stands) and store the object at the end."""
+        with self._lock:
+            self.calls.append(("PUT", path))
+        match, upload_id = _UPLOAD.match(path), parse_qs(query).get("upload_id", [""])[0]
+        if match is None or not _UPLOAD_ID.match(upload_id):
+            return _storage_error(404, "notFound", "No such upload session.")
+        meta_path, data_path = (
+            self._session_path(match.group(1), upload_id, ".json"),
+            self._session_path(match.group(1), upload_id),
+        )
+        if not meta_path.is_file():
+            return _storage_error(404, "notFound", "No such upload session.")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        ranged, total = _CONTENT_RANGE.match(content_range), int(meta["total"])
+        if ranged is None or int(ranged.group(3)) != total:
+            return _storage_error(
+                400, "invalid", f"Content-Range {content_range!r} does not fit a {total}-byte upload."
+            )
+        with self._lock:
+            committed = data_path.stat().st_size
+            if ranged.group(1) is not None:
+                first, last = int(ranged.group(1)), int(ranged.group(2))
+                if last - first + 1 != len(data) or last >= total:
+                    return _storage_error(400, "invalid", f"Content-Range {content_range!r} is not the body's.")
+                if last < total - 1 and len(data) % _CHUNK_QUANTUM:
+                    return _storage_error(400, "invalid", "A chunk other than the last must be a multiple of 256 KiB.")
+                if first <= committed < last + 1:  # what overlaps the committed bytes is dropped
+                    with data_path.open("ab") as file:
+                        file.write(data[committed - first :])
+                    committed = last + 1
+        if committed < total:
+            return 308, Media(b"", {"Range": f"bytes=0-{committed - 1}"} if committed else {}, 308)
+        answer = self._store(meta["bucket"], meta["name"], data_path.read_bytes(), meta["precondition"])
+        meta_path.unlink(missing_ok=True)
+        data_path.unlink(missing_ok=True)
+        return answer
+
+    def _session_path(self, bucket: str, upload_id: str, suffix: str = "") -> Path:
+        return self.buckets_dir / bucket / f".upload-session-{upload_id}{suffix}"
 
     def _store(self, bucket: str, name: str, data: bytes, precondition: int | None) -> tuple[int, Body]:
         """Write a new generation unless ``precondition`` (0: no object yet; G: generation G now) fails: 412."""
@@ -426,7 +493,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
-        apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
+        apis: GoogleApis = self.server.stand_in  # type: ignore[attr-defined]
         try:
             status, body = apis.answer(
                 url.path, url.query, self.headers.get("Authorization"), self.headers.get("Range")
@@ -437,12 +504,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         url = urlsplit(self.path)
-        apis: GoogleApis = self.server.apis  # type: ignore[attr-defined]
+        apis: GoogleApis = self.server.stand_in  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length") or 0)
         if url.path.startswith("/upload/"):
             data = self.rfile.read(length) if 0 < length <= MAX_UPLOAD_BYTES else self._drain(length)
             try:
-                status, answer = apis.upload(url.path, url.query, self.headers.get("Authorization"), data, length)
+                status, answer = apis.upload(
+                    url.path,
+                    url.query,
+                    self.headers.get("Authorization"),
+                    data,
+                    length,
+                    self.headers.get("X-Upload-Content-Length"),
+                )
             except ValueError as exc:
                 status, answer = _error(400, str(exc))
             self._reply(status, answer)
@@ -457,6 +531,21 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             status, answer = apis.write(url.path, url.query, body)
         except (ValueError, UnicodeDecodeError) as exc:
+            status, answer = _error(400, str(exc))
+        self._reply(status, answer)
+
+    def do_PUT(self) -> None:
+        url = urlsplit(self.path)
+        apis: GoogleApis = self.server.stand_in  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_CHUNK_BYTES:
+            self._drain(length)
+            self._reply(*_storage_error(413, "uploadTooLarge", f"A chunk of {length} bytes is over {MAX_CHUNK_BYTES}."))
+            return
+        data = self.rfile.read(length) if length else b""
+        try:
+            status, answer = apis.resume(url.path, url.query, self.headers.get("Content-Range") or "", data)
+        except ValueError as exc:
             status, answer = _error(400, str(exc))
         self._reply(status, answer)
 

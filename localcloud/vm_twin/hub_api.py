@@ -28,11 +28,12 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from localcloud.vm_twin.loopback_http import StandInServer
 from shared.domain.catalog.presets import PRESETS
 
 __all__ = ["LFS_SUFFIXES", "HubFile", "HubStandIn", "catalog_repos", "git_blob_id"]
@@ -122,29 +123,22 @@ class HubStandIn:
         self.downloads: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
         self._files: dict[tuple[Path, int, int], HubFile] = {}  # by (path, mtime_ns, size): hashed once
-        self._server = ThreadingHTTPServer((host, 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.hub = self  # type: ignore[attr-defined]
-        self._serving: threading.Thread | None = None
+        self._server = StandInServer(_Handler, self, name="hub-stand-in", host=host)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> str:
-        self._serving = threading.Thread(target=self._server.serve_forever, name="hub-stand-in", daemon=True)
-        self._serving.start()
+        self._server.start()
         return self.base_url
 
     def stop(self) -> None:
-        if self._serving is not None:
-            self._server.shutdown()
-            self._serving = None
-        self._server.server_close()
+        self._server.stop()
 
     def files(self, repo_id: str) -> list[HubFile]:
         """The repository's files, sorted by name (a flat directory: sub-directories are not served)."""
@@ -242,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
-        hub: HubStandIn = self.server.hub  # type: ignore[attr-defined]
+        hub: HubStandIn = self.server.stand_in  # type: ignore[attr-defined]
         # Every query (blobs, recursive, expand) is answered the same way: the fullest form, in one page.
         reply = hub.answer(method, url.path, self.headers.get("Range"))
         length = reply.end - reply.start + 1 if reply.file is not None else len(reply.body)

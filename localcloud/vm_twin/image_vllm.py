@@ -29,10 +29,11 @@ _DROPPED = frozenset(
     }
 )
 _DROPPED_SWITCHES = frozenset({"--disable-chunked-mm-input"})
+TWIN_COMPILE = "TPUCTL_TWIN_COMPILE"  # "1": vLLM on CPU compiles (its cache under VLLM_CACHE_ROOT) instead of eager
 
 
-def cpu_argv(argv: list[str], model_dir: str, max_model_len: int) -> list[str]:
-    """The CPU equivalent of a production ``vllm serve`` argv."""
+def cpu_argv(argv: list[str], model_dir: str, max_model_len: int, *, compile_model: bool = False) -> list[str]:
+    """The CPU equivalent of a production ``vllm serve`` argv (eager unless ``compile_model``)."""
     if len(argv) < 2 or argv[0] != "serve":
         return argv
     out = ["serve", model_dir]
@@ -52,7 +53,7 @@ def cpu_argv(argv: list[str], model_dir: str, max_model_len: int) -> list[str]:
         else:
             out += words[index : index + step]
         index += step
-    return [*out, "--enforce-eager", "--distributed-executor-backend", "uni"]
+    return [*out, *([] if compile_model else ["--enforce-eager"]), "--distributed-executor-backend", "uni"]
 
 
 def start_tpu_device(argv: list[str]) -> subprocess.Popen[bytes] | None:
@@ -75,7 +76,8 @@ def main() -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     tpu_device = start_tpu_device(sys.argv[1:])
-    sys.argv = ["vllm", *cpu_argv(sys.argv[1:], model_dir, max_model_len)]
+    compile_model = os.environ.get(TWIN_COMPILE) == "1"
+    sys.argv = ["vllm", *cpu_argv(sys.argv[1:], model_dir, max_model_len, compile_model=compile_model)]
     try:
         return int(vllm_main() or 0)
     finally:

@@ -21,9 +21,11 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from localcloud.vm_twin.loopback_http import StandInServer
 
 __all__ = ["GuestAttributes", "MetadataServer", "TokenIssuer", "VmIdentity"]
 
@@ -100,10 +102,7 @@ class MetadataServer:
         self._attributes = attributes
         self._guest = guest
         self._tokens = tokens
-        self._server = ThreadingHTTPServer((host, 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.metadata = self  # type: ignore[attr-defined]
-        self._thread: threading.Thread | None = None
+        self._server = StandInServer(_Handler, self, name="metadata-server", host=host)
 
     @property
     def host_port(self) -> str:
@@ -111,16 +110,14 @@ class MetadataServer:
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     def start(self) -> str:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metadata-server", daemon=True)
-        self._thread.start()
+        self._server.start()
         return self.host_port
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         self._tokens.revoke(self.vm)
 
     # ------------------------------------------------------------------ what the paths answer
@@ -218,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def _owner(self) -> MetadataServer:
-        return self.server.metadata  # type: ignore[attr-defined]
+        return self.server.stand_in  # type: ignore[attr-defined]
 
     def _refused(self) -> bool:
         if self.headers.get("X-Forwarded-For"):

@@ -203,6 +203,7 @@ class VmFleet:
         # The Hugging Face Hub as the VMs reach it: every catalog model served as the tiny model's files.
         self.hub = HubStandIn(catalog_repos(tier.model_dir))
         self._vms: dict[tuple[str, str], TwinVm] = {}
+        self._boots: dict[tuple[str, str], NodeEvent] = {}  # the event each VM powered on from, for a reboot
         self._history: list[NodeView] = []
         self._groups: list[int] = []
         self._lock = threading.Lock()
@@ -240,6 +241,16 @@ class VmFleet:
         with self._lock:
             return list(self._groups)
 
+    def reboot(self, zone: str, node_id: str) -> None:
+        """Restart the VM's guest on the same disk, as a host-maintenance or guest-initiated reboot does: the
+        node stays READY, the startup script runs again and finds what the last boot left on the disk. Returns
+        once the new boot has begun; KeyError when no VM runs for the node."""
+        key = (zone, node_id)
+        with self._lock:
+            vm, event = self._vms.pop(key), self._boots[key]
+        self._power_off(vm, "rebooted")
+        threading.Thread(target=self._boot, args=(event,), name=f"vm-{node_id}", daemon=True).start()
+
     # ------------------------------------------------------------------ events
 
     def _on_event(self, event: NodeEvent) -> None:
@@ -248,6 +259,7 @@ class VmFleet:
         elif event.kind in _HALT_EVENTS:
             with self._lock:
                 vm = self._vms.pop((event.zone, event.node_id), None)
+                self._boots.pop((event.zone, event.node_id), None)
             if vm is not None:
                 reason = {"preempted": "preempted", "stopped": "node stopped", "deleted": "node deleted"}[event.kind]
                 threading.Thread(target=self._power_off, args=(vm, reason), daemon=True).start()
@@ -268,6 +280,7 @@ class VmFleet:
             else:
                 stale = None
                 self._vms[key] = vm
+                self._boots[key] = event
         if stale is not None:
             self._power_off(stale, "the local cloud shut down")
             return

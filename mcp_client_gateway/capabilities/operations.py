@@ -396,5 +396,6 @@ def _stages_view(stages: BootStages | None) -> BootStagesView | None:
         seconds=dict(stages.seconds),
         weights_source=stages.weights_source,
         weights_bytes=stages.weights_bytes,
+        compile_cache=stages.compile_cache,
         text=stages_text(stages),
     )

@@ -9,6 +9,9 @@ requests; google-cloud-storage would add its dependencies to that bundle for fou
   parallel into one file (``os.pwrite``); pinning the generation means a replaced object cannot mix into a read;
 * ``POST /upload/storage/v1/b/B/o?uploadType=media&ifGenerationMatch=G``: G=0 creates only, G>0 replaces only the
   generation a reader refused; so of two fillers one wins (412 for the other) and a good refill is never undone.
+  A file over ``SINGLE_UPLOAD_BYTES`` (a 5 GB shard) goes through a resumable session instead (``uploadType=
+  resumable``, then ``PUT`` chunks with ``Content-Range``): the same precondition, checked when the last byte
+  lands, and a chunk lost in transit is sent again from the offset the service committed, not the whole file.
 
 Errors are ``CloudError``s naming the bucket, the object and the fix. Identity: the VM's own service account from
 its metadata server (``on_vm``), or the session given (tests against the stand-in).
@@ -17,6 +20,7 @@ its metadata server (``on_vm``), or the session given (tests against the stand-i
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,12 +29,23 @@ from urllib.parse import quote
 import requests
 
 from shared.adapters.cloud_storage_bundles import error_message
-from shared.domain.errors import CloudError, ErrorClass
+from shared.domain.errors import CloudError, ErrorClass, TransientError
 
-__all__ = ["DEFAULT_ENDPOINT", "PART_BYTES", "CloudStorageCacheState", "WeightsCacheBucket", "vm_zone"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_ENDPOINT",
+    "PART_BYTES",
+    "SINGLE_UPLOAD_BYTES",
+    "CloudStorageCacheState",
+    "WeightsCacheBucket",
+    "vm_zone",
+]
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 PART_BYTES = 64 * 1024 * 1024  # one ranged read; a 5 GB shard is read as ~80 parts, `parallel` at a time
+SINGLE_UPLOAD_BYTES = 8 * 1024 * 1024  # up to this, one request; above, a resumable session
+CHUNK_BYTES = 64 * 1024 * 1024  # one resumable chunk: a multiple of 256 KiB, as the service requires
+RESUMES = 5  # failed chunks in a row before an upload gives up (each resumes from the committed offset)
 _FIX = "grant the TPU VM's service account roles/storage.objectUser on the bucket (terraform apply)"
 
 
@@ -38,12 +53,21 @@ class WeightsCacheBucket:
     """Reads, conditional writes and the location of one cache bucket."""
 
     def __init__(
-        self, bucket: str, session: requests.Session, *, endpoint: str | None = None, parallel: int = 8
+        self,
+        bucket: str,
+        session: requests.Session,
+        *,
+        endpoint: str | None = None,
+        parallel: int = 8,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
+        if chunk_bytes <= 0 or chunk_bytes % (256 * 1024):
+            raise ValueError(f"chunk_bytes: {chunk_bytes} is not a positive multiple of 256 KiB")
         self.bucket = bucket
         self._session = session
         self._endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
         self._parallel = max(1, parallel)
+        self._chunk_bytes = chunk_bytes
 
     @classmethod
     def on_vm(cls, bucket: str, *, endpoint: str | None = None) -> WeightsCacheBucket:
@@ -77,7 +101,11 @@ class WeightsCacheBucket:
             os.close(descriptor)
 
     def write_from(self, name: str, path: Path, *, if_generation: int) -> bool:
-        """Store ``path`` as ``name`` if its generation is still ``if_generation`` (0: absent); False if it was not."""
+        """Store ``path`` as ``name`` if its generation is still ``if_generation`` (0: absent); False if it was not.
+        The object appears whole or not at all."""
+        size = path.stat().st_size
+        if size > SINGLE_UPLOAD_BYTES:
+            return self._write_resumable(name, path, size, if_generation)
         url = f"{self._endpoint}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
         params = {"uploadType": "media", "name": name, "ifGenerationMatch": str(if_generation)}
         with path.open("rb") as body:
@@ -90,6 +118,56 @@ class WeightsCacheBucket:
             if response.status_code >= 300:
                 raise self._classified(response, "upload", name)
         return True
+
+    def _write_resumable(self, name: str, path: Path, size: int, if_generation: int) -> bool:
+        """One resumable session, chunk by chunk; a failed chunk resumes from the committed offset."""
+        url = f"{self._endpoint}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        params = {"uploadType": "resumable", "name": name, "ifGenerationMatch": str(if_generation)}
+        headers = {"X-Upload-Content-Type": "application/octet-stream", "X-Upload-Content-Length": str(size)}
+        with self._call("POST", url, name, params=params, headers=headers) as response:
+            if response.status_code == 412:
+                return False
+            session = response.headers.get("Location", "")
+            if response.status_code >= 300 or not session:
+                raise self._classified(response, "upload", name)
+        offset: int | None = 0
+        failures = 0
+        with path.open("rb") as source:
+            while offset is not None:
+                source.seek(offset)
+                chunk = source.read(self._chunk_bytes)
+                sent = {"Content-Range": f"bytes {offset}-{offset + len(chunk) - 1}/{size}"}
+                error: Exception
+                try:
+                    with self._call("PUT", session, name, data=chunk, headers=sent) as response:
+                        if response.status_code == 412:
+                            return False
+                        if response.status_code in (200, 201, 308):
+                            committed = _committed(response, size)
+                            if committed is None or committed > offset:  # done, or progress: reset the count
+                                offset, failures = committed, 0
+                                continue
+                            error = CloudError(ErrorClass.TRANSIENT, f"{self.where(name)}: upload stuck at {committed}")
+                        else:
+                            error = self._classified(response, "upload", name)
+                except TransientError as exc:
+                    error = exc
+                if not isinstance(error, TransientError) or failures >= RESUMES:
+                    raise error
+                failures += 1
+                time.sleep(min(2.0**failures, 30.0))
+                try:
+                    offset = self._upload_status(session, size, name)
+                except TransientError:
+                    continue  # the status is unknown too: send the same chunk again
+        return True
+
+    def _upload_status(self, session: str, size: int, name: str) -> int | None:
+        """The offset the service committed for ``session`` (None: the upload is complete)."""
+        with self._call("PUT", session, name, headers={"Content-Range": f"bytes */{size}"}) as response:
+            if response.status_code in (200, 201, 308):
+                return _committed(response, size)
+            raise self._classified(response, "upload", name)
 
     def where(self, name: str) -> str:
         return f"gs://{self.bucket}/{name}"
@@ -160,6 +238,18 @@ class WeightsCacheBucket:
         if code == 429 or code == 408 or code >= 500:
             return CloudError(ErrorClass.TRANSIENT, f"{text} (retry later)", code=code)
         return CloudError(ErrorClass.INVALID, text, code=code)
+
+
+def _committed(response: requests.Response, size: int) -> int | None:
+    """Where a resumable upload goes on: the byte after ``Range: bytes=0-N`` of a 308 (0 without one), or None
+    once the service answered 200/201 (the object is stored)."""
+    if response.status_code in (200, 201):
+        return None
+    committed = response.headers.get("Range", "").removeprefix("bytes=0-")
+    offset = int(committed) + 1 if committed.isdigit() else 0
+    if offset > size:
+        raise CloudError(ErrorClass.INVALID, f"Cloud Storage committed {offset} bytes of a {size}-byte upload")
+    return offset
 
 
 def vm_zone() -> str:

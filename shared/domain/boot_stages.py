@@ -4,14 +4,18 @@ Why: the boot stage alone says what a node is doing, not where its boot time wen
 with the VM's own monotonic clock (``/proc/uptime``) and writes one cumulative line at each stage's end, before the
 phase that follows (so a reader that sees a later phase sees the stages before it)::
 
-    boot=1765000000000;image=84.20;weights=337.00,hub,62579490816;engine=427.90
+    boot=1765000000000;image=84.20;weights=337.00,hub,62579490816;engine=427.90,cold;first_token=4.10
 
 ``boot`` is the run's stamp (``tpuctl/boot``): a line of another run is stale and ignored whole. ``image`` is the
 image pull; ``weights`` the weights step with its source (``cached``: the boot disk had them; ``bucket``: restored
 from the region's weights cache; ``hub``: downloaded; ``mixed``: some of each) and the model's size in bytes
 (empty when unknown); ``engine`` from the vLLM container's start until
-``/health`` answered 200, engine init and compilation together (the script cannot split them, nor tell a compile
-cache hit from a miss). The VM is hostile: a line longer than ``MAX_STAGES_CHARS`` is ignored, only known stage
+``/health`` answered 200, engine init and compilation together (the node agent's ``tpuctl/engine`` has the compile
+seconds vLLM printed), with the state of the compile cache at the container's start (``warm``: the VM's vLLM cache
+directory held compiled artefacts of an earlier start, the JAX cache in ``xla_cache`` or Inductor's in
+``torch_compile_cache``, as after a reboot; ``cold``: none); ``first_token`` the first
+one-token completion after health, sent by the script straight to vLLM: a shape compiled on the fly shows here,
+not in ``engine``. The VM is hostile: a line longer than ``MAX_STAGES_CHARS`` is ignored, only known stage
 names are kept, seconds must lie in [0, 7 days] and bytes in [0, 10 TB]; a field that fails is dropped, never
 guessed, and nothing here raises.
 """
@@ -22,11 +26,20 @@ import re
 
 from shared.domain.models import BootStages
 
-__all__ = ["MAX_STAGES_CHARS", "STAGES_KEY", "STAGE_NAMES", "WEIGHTS_SOURCES", "parse_stages", "stages_text"]
+__all__ = [
+    "COMPILE_CACHE_STATES",
+    "MAX_STAGES_CHARS",
+    "STAGES_KEY",
+    "STAGE_NAMES",
+    "WEIGHTS_SOURCES",
+    "parse_stages",
+    "stages_text",
+]
 
 STAGES_KEY = "stages"  # guest attribute tpuctl/stages
-STAGE_NAMES = ("image", "weights", "engine")
+STAGE_NAMES = ("image", "weights", "engine", "first_token")
 WEIGHTS_SOURCES = ("cached", "bucket", "hub", "mixed")
+COMPILE_CACHE_STATES = ("cold", "warm")
 MAX_STAGES_CHARS = 256
 MAX_SECONDS = 7 * 24 * 3600.0
 MAX_BYTES = 10 * 10**12
@@ -56,6 +69,15 @@ def _weights(text: str) -> tuple[float, str, int | None] | None:
     return seconds, parts[1], size
 
 
+def _engine(text: str) -> tuple[float, str | None] | None:
+    """``SECONDS`` or ``SECONDS,cold|warm``, or None when out of shape."""
+    took, comma, state = text.partition(",")
+    seconds = _seconds(took)
+    if seconds is None or (comma and state not in COMPILE_CACHE_STATES):
+        return None
+    return seconds, state or None
+
+
 def parse_stages(raw: str, boot: int) -> BootStages | None:
     """The stage times of the run stamped ``boot``; None for another run's line, an oversize or empty one."""
     if boot <= 0 or len(raw) > MAX_STAGES_CHARS:
@@ -67,6 +89,7 @@ def parse_stages(raw: str, boot: int) -> BootStages | None:
     seconds: dict[str, float] = {}
     source: str | None = None
     size: int | None = None
+    compile_cache: str | None = None
     for field in fields[1:]:
         name, _, value = field.partition("=")
         if name not in STAGE_NAMES or name in seconds:
@@ -76,26 +99,34 @@ def parse_stages(raw: str, boot: int) -> BootStages | None:
             if weights is None:
                 continue
             seconds[name], source, size = weights
+        elif name == "engine":
+            engine = _engine(value)
+            if engine is None:
+                continue
+            seconds[name], compile_cache = engine
         else:
             took = _seconds(value)
             if took is not None:
                 seconds[name] = took
     if not seconds:
         return None
-    return BootStages(seconds=seconds, weights_source=source, weights_bytes=size)
+    return BootStages(seconds=seconds, weights_source=source, weights_bytes=size, compile_cache=compile_cache)
 
 
 def stages_text(stages: BootStages | None) -> str:
-    """``image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s``, for people; "" without stages."""
+    """``image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s (compile cache cold), first token 4 s``, for
+    people; "" without stages."""
     if stages is None:
         return ""
     parts: list[str] = []
     for name in STAGE_NAMES:
         if name not in stages.seconds:
             continue
-        text = f"{name} {stages.seconds[name]:.0f} s"
+        text = f"{name.replace('_', ' ')} {stages.seconds[name]:.0f} s"
         if name == "weights" and stages.weights_source is not None:
             size = f", {stages.weights_bytes / 2**30:.1f} GiB" if stages.weights_bytes is not None else ""
             text += f" ({stages.weights_source}{size})"
+        if name == "engine" and stages.compile_cache is not None:
+            text += f" (compile cache {stages.compile_cache})"
         parts.append(text)
     return ", ".join(parts)

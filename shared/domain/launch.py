@@ -125,6 +125,7 @@ class VllmLaunch:
     port: int
     host: str
     ready_timeout_s: int
+    served_name: str  # --served-model-name: what a request's "model" names
 
     @property
     def container_args(self) -> tuple[str, ...]:
@@ -177,6 +178,7 @@ def build_launch(engine: EngineConfig) -> VllmLaunch:
         ("HF_HUB_OFFLINE", "1"),
         ("TRANSFORMERS_OFFLINE", "1"),
         ("VLLM_XLA_CACHE_PATH", XLA_CACHE_DIR),
+        ("VLLM_CACHE_ROOT", VLLM_CACHE_DIR),  # vLLM's default under HOME, named so the cache's mount is explicit
         ("VLLM_ENGINE_READY_TIMEOUT_S", str(engine.ready_timeout_s)),
         ("VLLM_NO_USAGE_STATS", "1"),
         ("DO_NOT_TRACK", "1"),
@@ -194,4 +196,5 @@ def build_launch(engine: EngineConfig) -> VllmLaunch:
         port=engine.port,
         host=engine.host,
         ready_timeout_s=engine.ready_timeout_s,
+        served_name=engine.served_name,
     )

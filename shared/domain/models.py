@@ -381,9 +381,10 @@ class AttemptLog(BaseModel):
 class BootStages(BaseModel):
     """How long each finished boot stage took on the VM's own clock (``tpuctl/stages``, shared.domain.boot_stages).
 
-    ``seconds`` maps ``image``, ``weights`` and ``engine`` (container start to health 200) to seconds; the weights'
-    source is ``cached`` (on the boot disk already), ``bucket`` (the region's weights cache), ``hub`` (downloaded)
-    or ``mixed``, their size in bytes if known.
+    ``seconds`` maps ``image``, ``weights``, ``engine`` (container start to health 200) and ``first_token`` (the
+    first one-token completion after health) to seconds; the weights' source is ``cached`` (on the boot disk
+    already), ``bucket`` (the region's weights cache), ``hub`` (downloaded) or ``mixed``, their size in bytes if
+    known; ``compile_cache`` says whether compiled artefacts were on the disk when the engine started (``warm``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -391,6 +392,7 @@ class BootStages(BaseModel):
     seconds: dict[str, float] = Field(default_factory=dict)
     weights_source: Literal["cached", "bucket", "hub", "mixed"] | None = None
     weights_bytes: int | None = Field(default=None, ge=0)
+    compile_cache: Literal["cold", "warm"] | None = None
 
 
 class BootProgress(BaseModel):

@@ -9,6 +9,7 @@ never sees a secret value.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Iterable
@@ -157,6 +158,11 @@ def _health_url(launch: VllmLaunch) -> str:
     return f"http://{host}:{launch.port}/health"
 
 
+def _first_token_body(launch: VllmLaunch) -> str:
+    """The script's first request: one token of a fixed prompt, as a user's first completion would ask."""
+    return json.dumps({"model": launch.served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
+
+
 def render_startup_script(inputs: StartupScriptInputs) -> str:
     """The bash startup script for one deployment."""
     launch = inputs.launch
@@ -171,6 +177,7 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "API_KEY_SECRET": _quote("api_key_secret", inputs.api_key_secret),
         "CONTAINER": _quote("container_name", inputs.container_name),
         "HEALTH_URL": _quote("health_url", _health_url(launch)),
+        "FIRST_TOKEN_BODY": _quote("served_name", _first_token_body(launch)),
         "SERVING_LISTEN": _quote("serving_listen", f"{launch.host}:{launch.port}"),
         "READY_TIMEOUT_S": _quote("ready_timeout_s", str(launch.ready_timeout_s)),
         "WEIGHTS_MARKER": _quote("weights_marker", marker),

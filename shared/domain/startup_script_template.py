@@ -22,6 +22,7 @@ HF_TOKEN_SECRET=@@HF_TOKEN_SECRET@@
 API_KEY_SECRET=@@API_KEY_SECRET@@
 CONTAINER=@@CONTAINER@@
 HEALTH_URL=@@HEALTH_URL@@
+FIRST_TOKEN_BODY=@@FIRST_TOKEN_BODY@@
 SERVING_LISTEN=@@SERVING_LISTEN@@
 READY_TIMEOUT_S=@@READY_TIMEOUT_S@@
 WEIGHTS_MARKER=@@WEIGHTS_MARKER@@
@@ -47,9 +48,9 @@ WEIGHTS_CACHE_ARGS=(
 )
 # ---- end of values ----
 readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
-readonly SERVING_LISTEN READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256 CONTAINER_HF_CACHE
-readonly CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV NODE_AGENT_ENV
-readonly WEIGHTS_CACHE_ARGS
+readonly FIRST_TOKEN_BODY SERVING_LISTEN READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256
+readonly CONTAINER_HF_CACHE CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV
+readonly NODE_AGENT_ENV WEIGHTS_CACHE_ARGS
 
 # Google endpoints: production unless this script's own environment names another with the standard variables
 # (google-auth's GCE_METADATA_HOST, gcloud's CLOUDSDK_API_ENDPOINT_OVERRIDES_*, each ending in "/"), which is how a
@@ -126,7 +127,8 @@ uptime_cs() {
 }
 
 # stage_done NAME START_CS [EXTRA]: stage NAME ran from START_CS until now. Adds "NAME=SECONDS[,EXTRA]" to this run's
-# guest attribute tpuctl/stages ("boot=STAMP;image=84.20;weights=337.00,hub,62579490816;engine=427.90"), written
+# guest attribute tpuctl/stages ("boot=STAMP;image=84.20;weights=337.00,hub,62579490816;engine=427.90,cold;
+# first_token=4.10"), written
 # before the phase that follows, so a reader that sees a later phase sees the times of the stages before it
 # (shared/domain/boot_stages.py). A failed write is only logged: timing never stops a boot.
 stage_done() {
@@ -341,6 +343,13 @@ start_vllm() {
   install -d -m 0700 "${SOCKET_DIR}"
   tpu_flags
   progress starting "container (${TPU_DEVICES} TPU device nodes)"
+  # The compile cache as the engine finds it: warm when an earlier start on this disk left compiled artefacts
+  # (xla_cache: VLLM_XLA_CACHE_PATH, the JAX cache on a TPU; torch_compile_cache: Inductor's, on a CPU), else cold.
+  COMPILE_CACHE=cold
+  if [[ -n "$(find "${VLLM_CACHE}/xla_cache" "${VLLM_CACHE}/torch_compile_cache" -mindepth 1 -type f -print \
+    -quit 2>/dev/null)" ]]; then
+    COMPILE_CACHE=warm
+  fi
   ENGINE_STARTED="$(uptime_cs)"  # the engine stage: this container's start until /health answers 200
   docker run -d --name "${CONTAINER}" \
     --label "tpuctl.deployment=${DEPLOYMENT_ID}" --label "tpuctl.plan-hash=${PLAN_HASH}" \
@@ -424,11 +433,30 @@ start_node_agent() {
   progress node-agent started
 }
 
+# first_token: after a new engine's health 200, one one-token completion straight to vLLM's socket, timed: a shape
+# the engine compiles on its first request shows here, not in the engine stage. The key goes in a header file on
+# tmpfs (curl -H @FILE), never in an argv; a failed probe is only logged.
+first_token() {
+  local started header="${SERVING_SECRETS}/first-token-header"
+  started="$(uptime_cs)"
+  printf 'Authorization: Bearer %s\n' "$(cat "${SERVING_SECRETS}/vllm-api-key")" >"${header}"
+  if printf '%s' "${FIRST_TOKEN_BODY}" | curl -sf -m 1200 -o /dev/null --unix-socket "${SOCKET_DIR}/vllm.sock" \
+    -H @"${header}" -H 'Content-Type: application/json' --data-binary @- http://localhost/v1/completions; then
+    stage_done first_token "${started}"
+  else
+    log "first token: the one-token completion failed (the boot goes on)"
+  fi
+  rm -f "${header}"
+}
+
 wait_until_serving() {
   local waited=0 seen="" state
   while ((waited < READY_TIMEOUT_S)); do
     if curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
-      [[ -z "${ENGINE_STARTED:-}" ]] || stage_done engine "${ENGINE_STARTED}"
+      if [[ -n "${ENGINE_STARTED:-}" ]]; then
+        stage_done engine "${ENGINE_STARTED}" "${COMPILE_CACHE}"
+        first_token
+      fi
       progress serving "health 200 after ${waited}s"
       return 0
     fi

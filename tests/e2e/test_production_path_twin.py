@@ -7,7 +7,8 @@ deploy, SERVING, a query, a benchmark written back by the node agent the script 
 bundle, vLLM's lines in Cloud Logging with the severities parsed from vLLM's format (read back by
 ``tpu_get_logs``), the plan's fp8 KV cache found running in the weights' dtype, a frozen engine called STALLED
 and restarted by the monitor after the node kept a debug bundle of it in Cloud Storage, ``serving.restart`` (a
-new vLLM process), a log tail, delete, zero orphans and no secret anywhere.
+new vLLM process), a log tail, a spot preemption whose replacement restores the weights from the region's
+cache bucket, delete, zero orphans and no secret anywhere.
 
 Skipped with the reason where the emulators (google-cloud-cli), the vLLM CPU tier or namespaces are missing.
 """
@@ -35,6 +36,7 @@ from localcloud.vm_twin.vm import TwinVm, unshare_available
 from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
+from shared.domain.boot_stages import parse_stages
 from shared.domain.debug_bundle import bundle_object_name
 from shared.domain.models import NodeTask, Phase, RejectedMessage
 from shared.domain.serving_key import deployment_api_key
@@ -142,19 +144,21 @@ def _the_monitor_s_slis_reach_cloud_monitoring(cloud: LocalCloud) -> None:
 
 
 def _every_boot_stage_is_timed_on_the_record(cloud: LocalCloud, demo: LocalDemo) -> None:
-    """The script timed the image pull, the weights (with their source and size) and the engine (container start
-    to health 200) in ``tpuctl/stages``; the monitor kept them on the record, and the dashboard shows them."""
+    """The script timed the image pull, the weights (with their source and size), the engine (container start
+    to health 200, the compile cache cold on a new disk) and the first one-token completion in ``tpuctl/stages``;
+    the monitor kept them on the record, and the dashboard shows them."""
     deadline = time.monotonic() + 120
     stages = None
     while time.monotonic() < deadline:
         record = cloud.store.get_deployment(SPEC.deployment_id)
         boot = record.status.boot if record is not None else None
         stages = boot.stages if boot is not None else None
-        if stages is not None and "engine" in stages.seconds:
+        if stages is not None and "first_token" in stages.seconds:
             break
         time.sleep(1)
-    assert stages is not None and set(stages.seconds) == {"image", "weights", "engine"}, stages
+    assert stages is not None and set(stages.seconds) == {"image", "weights", "engine", "first_token"}, stages
     assert stages.weights_source == "hub" and stages.seconds["engine"] > 0, stages  # a first boot: an empty cache
+    assert stages.compile_cache == "cold" and stages.seconds["first_token"] > 0, stages  # and an empty disk
     assert all(0 <= seconds < STEP_TIMEOUT_S for seconds in stages.seconds.values()), stages
     assert stages.weights_bytes is None or stages.weights_bytes >= 0
     gateway = demo.gateway
@@ -178,6 +182,31 @@ def _the_first_boot_filled_its_regions_weights_cache(cloud: LocalCloud, gateway:
     assert (cache.region, cache.bucket) == ("us-east5", cloud.weights_caches["us-east5"]), cache
     assert cache.state == "partial" and cache.cached_bytes == sum(tiny.values()), (hub_id, cache)
     assert cache.usd_per_month is not None and cache.usd_per_month > 0
+
+
+def _a_preempted_slice_is_replaced_from_the_regions_weights_cache(cloud: LocalCloud, demo: LocalDemo) -> None:
+    """A spot preemption: the controller gets a new slice, and its VM, on a new empty disk, restores every weight
+    from the bucket the first boot filled (the Hub serves nothing more); its compile cache starts cold."""
+    assert cloud.fleet is not None
+    hub_downloads = dict(cloud.fleet.hub.downloads)
+    before = {vm.node_id for vm in cloud.fleet.vms()}
+    cloud.world.set_capacity(SPEC.zones[0], "spot", 8)  # room for the replacement in the deployment's one zone
+    demo.preempt()
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    stages = None
+    while time.monotonic() < deadline and stages is None:
+        for vm in cloud.fleet.vms():
+            if vm.node_id in before:
+                continue
+            with contextlib.suppress(KeyError):  # the node may be gone again before its attributes are read
+                attributes = {key: value for _ns, key, value in cloud.world.guest_attributes(vm.zone, vm.node_id)}
+                found = parse_stages(attributes.get("stages", ""), int(attributes.get("boot", "0") or 0))
+                stages = found if found is not None and "first_token" in found.seconds else None
+        time.sleep(1)
+    assert stages is not None, "the replacement VM never reported its first token"
+    assert stages.weights_source == "bucket" and stages.compile_cache == "cold", stages
+    assert dict(cloud.fleet.hub.downloads) == hub_downloads, "the replacement downloaded from the Hub"
+    demo.wait_for_phase([Phase.SERVING], STEP_TIMEOUT_S, label="serving again on the replacement slice")
 
 
 def _the_planned_fp8_kv_cache_is_found_running_bf16(cloud: LocalCloud, demo: LocalDemo) -> None:
@@ -409,6 +438,7 @@ def test_deploy_serve_benchmark_restart_tail_and_delete_on_the_google_cloud_wiri
     tail = _poll(lambda: gateway.tail_serving_logs(SPEC.deployment_id, task_id=tail.task_id), 60)  # type: ignore[assignment]
     assert tail.status == "completed" and tail.lines, tail
 
+    _a_preempted_slice_is_replaced_from_the_regions_weights_cache(cloud, demo)
     demo.teardown(STEP_TIMEOUT_S)
     assert demo.resources_left() == 0
     report, applied = demo.check()

@@ -81,7 +81,10 @@ def test_tpuctl_status_prints_the_boot_stage(world: GatewayWorld) -> None:
 
 
 STAGES = BootStages(
-    seconds={"image": 84.2, "weights": 337.0, "engine": 427.9}, weights_source="hub", weights_bytes=62579490816
+    seconds={"image": 84.2, "weights": 337.0, "engine": 427.9, "first_token": 4.1},
+    weights_source="hub",
+    weights_bytes=62579490816,
+    compile_cache="cold",
 )
 
 
@@ -89,11 +92,13 @@ async def test_the_dashboard_and_tpuctl_status_show_the_boot_stage_times(world: 
     with_boot(world, Phase.SERVING, "serving", "health 200 after 430s", stages=STAGES)
     stages = (await get(world))["boot"]["stages"]
     assert stages == {
-        "seconds": {"image": 84.2, "weights": 337.0, "engine": 427.9},
+        "seconds": {"image": 84.2, "weights": 337.0, "engine": 427.9, "first_token": 4.1},
         "weights_source": "hub",
         "weights_bytes": 62579490816,
-        "text": "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s",
+        "compile_cache": "cold",
+        "text": "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s (compile cache cold), first token 4 s",
     }
     stdout, stderr = io.StringIO(), io.StringIO()
     assert run(["status", "gemma-a"], ports=world.ports, stdout=stdout, stderr=stderr) == EXIT_OK
-    assert "boot stages" in stdout.getvalue() and "engine 428 s" in stdout.getvalue()
+    shown = stdout.getvalue()
+    assert "boot stages" in shown and "engine 428 s (compile cache cold), first token 4 s" in shown

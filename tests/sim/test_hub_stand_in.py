@@ -8,7 +8,7 @@ errors it maps to its exceptions, and a ``snapshot_download`` that yields the ve
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import os
 import subprocess
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
 from localcloud.vm_twin.hub_api import HubStandIn, catalog_repos
 from shared.domain.catalog.presets import PRESETS
 
@@ -143,22 +144,26 @@ def test_catalog_repos_serve_every_hub_preset_at_the_commit_the_twin_cache_uses(
     assert HubStandIn.catalog_repos(model_dir) == repos
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("huggingface_hub") is None, reason="needs the huggingface_hub package (not installed)"
-)
-def test_the_real_huggingface_hub_snapshot_download_gets_every_file(
-    hub: HubStandIn, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import huggingface_hub
+_SNAPSHOT = "import sys, huggingface_hub; print(huggingface_hub.snapshot_download(sys.argv[1], revision=sys.argv[2], \
+cache_dir=sys.argv[3], endpoint=sys.argv[4]))"
 
+
+def test_the_real_huggingface_hub_snapshot_download_gets_every_file(
+    hub: HubStandIn, model_dir: Path, tmp_path: Path
+) -> None:
+    """The real client, from the vLLM-on-CPU venv (the twin image's Python, which carries huggingface_hub)."""
+    tier = VllmCpuTier(default_cache_dir())
+    if tier.unavailable_reason():
+        pytest.skip(f"needs the vLLM-on-CPU venv for huggingface_hub: {tier.unavailable_reason()}")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1"}
     for revision in (COMMIT, "main"):
         cache = tmp_path / f"cache-{revision}"
-        folder = Path(
-            huggingface_hub.snapshot_download(REPO, revision=revision, cache_dir=cache, endpoint=hub.base_url)
-        )
-        assert folder.name == COMMIT
+        done = subprocess.run(
+            [str(tier.python), "-c", _SNAPSHOT, REPO, revision, str(cache), hub.base_url],
+            env=env, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        folder = Path(done.stdout.strip().splitlines()[-1])
+        assert folder.name == COMMIT and folder.is_relative_to(cache)
         assert sorted(path.name for path in folder.iterdir()) == ["config.json", "model.safetensors"]
         for source in model_dir.iterdir():
             assert (folder / source.name).read_bytes() == source.read_bytes()

@@ -16,8 +16,7 @@ import pytest
 import requests
 
 from localcloud.vm_twin.google_apis import GoogleApis
-from localcloud.vm_twin.metadata_server import TokenIssuer
-from shared.adapters.file_secrets import FileSecretStore
+from tests.support.storage_stand_in import storage_stand_in
 
 PROJECT = "tpuctl-twin"
 BUCKET = "tpuctl-twin-weights-us-east5"
@@ -26,15 +25,8 @@ NAME = "weights/org--model/abc123/model.safetensors"
 
 @pytest.fixture
 def apis(tmp_path: Path) -> Iterator[GoogleApis]:
-    served = GoogleApis(
-        PROJECT, FileSecretStore(tmp_path / "secrets"), tmp_path / "storage", TokenIssuer(), require_token=False
-    )
-    served.create_bucket(BUCKET, location="us-east5")
-    served.start()
-    try:
+    with storage_stand_in(tmp_path, {BUCKET: "us-east5"}, PROJECT) as served:
         yield served
-    finally:
-        served.stop()
 
 
 def upload(

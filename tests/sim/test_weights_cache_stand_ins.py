@@ -17,13 +17,12 @@ import requests
 import shared.adapters.weights_cache_bucket as bucket_module
 from localcloud.vm_twin.google_apis import GoogleApis
 from localcloud.vm_twin.hub_api import HubStandIn
-from localcloud.vm_twin.metadata_server import TokenIssuer
 from node_agent.weights_restore import RestoreReport, cache_for, restore_weights
-from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.hub_files import HubFiles
 from shared.adapters.weights_cache_bucket import CloudStorageCacheState, WeightsCacheBucket
 from shared.domain.errors import CloudError
 from shared.domain.weights_cache import repo_folder
+from tests.support.storage_stand_in import storage_stand_in
 
 REPO = "google/gemma-4-e4b-it"
 COMMIT = "c" * 40
@@ -56,16 +55,8 @@ def hub(model_dir: Path) -> Iterator[HubStandIn]:
 
 @pytest.fixture
 def storage(tmp_path: Path) -> Iterator[GoogleApis]:
-    apis = GoogleApis(
-        "tpuctl-twin", FileSecretStore(tmp_path / "secrets"), tmp_path / "storage", TokenIssuer(), require_token=False
-    )
-    apis.create_bucket(BUCKET, location="us-east5")
-    apis.create_bucket("tpuctl-twin-weights-europe-west4", location="europe-west4")
-    apis.start()
-    try:
+    with storage_stand_in(tmp_path, {BUCKET: "us-east5", "tpuctl-twin-weights-europe-west4": "europe-west4"}) as apis:
         yield apis
-    finally:
-        apis.stop()
 
 
 def cache(storage: GoogleApis, bucket: str = BUCKET) -> WeightsCacheBucket:

@@ -14,6 +14,7 @@ import pytest
 
 from shared.domain.boot_progress import GuestAttribute, advance_boot, read_boot
 from shared.domain.boot_stages import MAX_STAGES_CHARS, parse_stages, stages_text
+from shared.domain.launch import VLLM_CACHE_DIR, XLA_CACHE_DIR
 from shared.domain.models import BootProgress, BootStages
 from shared.domain.startup_script_template import TEMPLATE
 from shared.logging import scrub_untrusted
@@ -21,7 +22,7 @@ from shared.logging import scrub_untrusted
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 NODE = "gemma-g1-a0"
 BOOT = 1765000000000
-GOOD = f"boot={BOOT};image=84.20;weights=337.00,hub,62579490816;engine=427.90"
+GOOD = f"boot={BOOT};image=84.20;weights=337.00,hub,62579490816;engine=427.90,cold;first_token=4.10"
 
 
 def clean(text: str, limit: int) -> str:
@@ -31,9 +32,22 @@ def clean(text: str, limit: int) -> str:
 def test_a_good_line_is_read_whole() -> None:
     stages = parse_stages(GOOD, BOOT)
     assert stages == BootStages(
-        seconds={"image": 84.2, "weights": 337.0, "engine": 427.9}, weights_source="hub", weights_bytes=62579490816
+        seconds={"image": 84.2, "weights": 337.0, "engine": 427.9, "first_token": 4.1},
+        weights_source="hub",
+        weights_bytes=62579490816,
+        compile_cache="cold",
     )
-    assert stages_text(stages) == "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s"
+    assert stages_text(stages) == (
+        "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s (compile cache cold), first token 4 s"
+    )
+
+
+def test_an_engine_without_its_cache_state_is_read_as_an_older_script_wrote_it() -> None:
+    stages = parse_stages(f"boot={BOOT};engine=22.5;first_token=0.3", BOOT)
+    assert stages == BootStages(seconds={"engine": 22.5, "first_token": 0.3})
+    warm = parse_stages(f"boot={BOOT};engine=22.5,warm", BOOT)
+    assert warm is not None and warm.compile_cache == "warm"
+    assert stages_text(warm) == "engine 22 s (compile cache warm)"
 
 
 def test_a_partial_line_and_cached_weights_of_unknown_size_are_read() -> None:
@@ -68,8 +82,13 @@ def test_a_line_is_ignored_when_the_reading_has_no_stamp() -> None:
 @pytest.mark.parametrize(
     "field",
     [
-        "compile=12.0",  # unknown stage (compile cache hit or miss is not measured)
-        "first_token=3.1",  # not sent by the script: never invented
+        "compile=12.0",  # unknown stage (the script does not split compilation from engine init)
+        "first_token=3.1,cold",  # the cache state belongs to the engine only
+        "first_token=-3",
+        "engine=5.5,hot",  # a compile-cache state outside the closed set
+        "engine=5.5,",
+        "engine=5.5,cold,1",
+        "engine=5.5,COLD",
         "image=-1",
         "image=1e3",
         "image=nan",
@@ -197,5 +216,81 @@ def test_the_script_times_every_stage_before_the_phase_that_follows() -> None:
     )
     serving = _function("wait_until_serving")
     assert serving.index("stage_done engine") < serving.index("progress serving")
-    assert 'ENGINE_STARTED="$(uptime_cs)"' in _function("start_vllm")
-    assert "first_token" not in TEMPLATE  # the script sends no completion: that stage is never invented
+    start = _function("start_vllm")
+    assert start.index("COMPILE_CACHE=cold") < start.index('ENGINE_STARTED="$(uptime_cs)"') < start.index("docker run")
+    assert serving.index('stage_done engine "${ENGINE_STARTED}" "${COMPILE_CACHE}"') < serving.index("first_token")
+    assert serving.index("first_token") < serving.index("progress serving")
+
+
+def _first_token_run(tmp_path: Path, curl_exit: int) -> tuple[list[str], str, list[str]]:
+    """Run the script's first_token() in real bash with a curl that records its argv, the header file and stdin;
+    returns (curl's argv, what it read, the stage_done calls)."""
+    bin_dir, secrets = tmp_path / "bin", tmp_path / "secrets"
+    bin_dir.mkdir()
+    secrets.mkdir()
+    (secrets / "vllm-api-key").write_text("sk-master-secret-0123456789\n")
+    curl = bin_dir / "curl"
+    curl.write_text(
+        "#!/bin/bash\n"
+        'printf "%s\\0" "$@" >"$OUT/argv"\n'
+        'for word in "$@"; do [[ "$word" == @* && "$word" != @- ]] && cat "${word#@}" >"$OUT/header"; done\n'
+        'cat >"$OUT/body"\n'
+        f"exit {curl_exit}\n"
+    )
+    curl.chmod(0o755)
+    script = "\n".join(
+        [
+            "set -euo pipefail",
+            f"SERVING_SECRETS={secrets}",
+            f"SOCKET_DIR={tmp_path}",
+            """FIRST_TOKEN_BODY='{"model": "gemma", "prompt": "Hello", "max_tokens": 1}'""",
+            'log() { printf "log %s\\n" "$*" >>"$OUT/calls"; }',
+            "uptime_cs() { printf 100; }",
+            'stage_done() { printf "stage %s\\n" "$*" >>"$OUT/calls"; }',
+            _function("first_token"),
+            "first_token",
+        ]
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path)}
+    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=20)
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    assert not (secrets / "first-token-header").exists(), "the header file is removed after the request"
+    read = (tmp_path / "header").read_text() + (tmp_path / "body").read_text()
+    return argv, read, (tmp_path / "calls").read_text().splitlines()
+
+
+def test_the_first_token_probe_sends_the_key_in_a_header_file_and_times_one_token(tmp_path: Path) -> None:
+    argv, read, calls = _first_token_run(tmp_path, curl_exit=0)
+    assert not any("sk-master-secret" in word for word in argv), "the key never reaches an argv"
+    assert read.startswith("Authorization: Bearer sk-master-secret-0123456789\n")
+    assert read.endswith('{"model": "gemma", "prompt": "Hello", "max_tokens": 1}')
+    assert argv[-1] == "http://localhost/v1/completions" and f"{tmp_path}/vllm.sock" in argv
+    assert calls == ["stage first_token 100"]
+
+
+def test_a_failed_first_token_probe_is_logged_and_never_reported_as_a_stage(tmp_path: Path) -> None:
+    _, _, calls = _first_token_run(tmp_path, curl_exit=22)
+    assert calls == ["log first token: the one-token completion failed (the boot goes on)"]
+
+
+@pytest.mark.parametrize(
+    ("files", "state"),
+    [
+        ((), "cold"),
+        (("modelinfos/gemma.json",), "cold"),  # vLLM's other files are not a compile cache
+        (("xla_cache/jit_step-0123",), "warm"),  # the JAX cache a TPU keeps (VLLM_XLA_CACHE_PATH)
+        (("torch_compile_cache/torch_aot_compile/h/rank_0_0/model",), "warm"),  # Inductor's, on a CPU
+    ],
+)
+def test_the_compile_cache_reads_warm_only_when_compiled_artefacts_are_on_the_disk(
+    tmp_path: Path, files: tuple[str, ...], state: str
+) -> None:
+    start = _function("start_vllm")
+    snippet = start[start.index("  COMPILE_CACHE=cold") : start.index("  ENGINE_STARTED=")]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    script = f'set -euo pipefail\nVLLM_CACHE={tmp_path}\n{snippet}\nprintf %s "$COMPILE_CACHE"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=20)
+    assert done.stdout == state
+    assert f"{VLLM_CACHE_DIR}/xla_cache" == XLA_CACHE_DIR, "the script looks where the launch points the JAX cache"

@@ -70,6 +70,8 @@ def test_every_preset_and_slice_launches_from_one_pinned_image_without_secrets(m
     assert env["HF_HUB_OFFLINE"] == "1"
     assert int(env["VLLM_ENGINE_READY_TIMEOUT_S"]) >= 1800
     assert env["VLLM_XLA_CACHE_PATH"].startswith(launch.vllm_cache_dir)
+    assert env["VLLM_CACHE_ROOT"] == launch.vllm_cache_dir, "every compile cache under the one mounted directory"
+    assert launch.served_name == model
 
 
 def test_the_reference_configuration_gets_the_reference_flags_from_one_function() -> None:

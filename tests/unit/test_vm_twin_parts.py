@@ -75,6 +75,10 @@ class TestCpuArgv:
         argv = cpu_argv(["serve", "m", "--max-model-len=128"], "/tiny", 512)
         assert argv[argv.index("--max-model-len") + 1] == "128"
 
+    def test_a_twin_that_compiles_runs_without_enforce_eager(self) -> None:
+        argv = cpu_argv(["serve", "m", "--port", "8000"], "/tiny", 512, compile_model=True)
+        assert "--enforce-eager" not in argv and argv[-2:] == ["--distributed-executor-backend", "uni"]
+
 
 class TestImage:
     def test_container_paths_become_the_vm_paths_they_are_bound_from(self, tmp_path: Path) -> None:
