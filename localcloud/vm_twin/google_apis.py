@@ -66,7 +66,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from localcloud.vm_twin.logging_api import CloudLoggingStandIn
-from localcloud.vm_twin.loopback_http import StandInServer
+from localcloud.vm_twin.loopback_http import LoopbackStandIn, StandInServer
 from localcloud.vm_twin.metadata_server import TokenIssuer
 from shared.ports import SecretStore
 
@@ -108,7 +108,7 @@ class Media:
 Body = dict[str, Any] | bytes | Media
 
 
-class GoogleApis:
+class GoogleApis(LoopbackStandIn):
     """Secret Manager ``:access`` and Cloud Storage reads for the VMs of one project."""
 
     def __init__(
@@ -131,14 +131,6 @@ class GoogleApis:
         self._lock = threading.Lock()
         self._server = StandInServer(_Handler, self, name="google-apis", host=host)
 
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def endpoint_env(self) -> dict[str, str]:
         """The variables that point a VM's script and gcloud here (gcloud's names; values end with '/')."""
         return {
@@ -148,14 +140,6 @@ class GoogleApis:
             "TPUCTL_LOGGING_ENDPOINT": self.base_url,  # the node agent's log sink (Settings.logging_endpoint)
             "TPUCTL_STORAGE_ENDPOINT": self.base_url,  # where the node agent keeps debug bundles
         }
-
-    def start(self) -> str:
-        self._server.start()
-        return self.base_url
-
-    def stop(self) -> None:
-        """Stop serving (a no-op for an instance never started: the embedded default starts only one)."""
-        self._server.stop()
 
     def create_bucket(self, bucket: str, location: str = "US") -> None:
         """Make an empty bucket in ``location`` (what ``terraform apply`` creates)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from localcloud.vm_twin.loopback_http import StandInServer
+from localcloud.vm_twin.loopback_http import LoopbackStandIn, StandInServer
 from shared.domain.catalog.presets import PRESETS
 
 __all__ = ["LFS_SUFFIXES", "HubFile", "HubStandIn", "catalog_repos", "git_blob_id"]
@@ -113,7 +113,7 @@ class _Reply:
     end: int = -1
 
 
-class HubStandIn:
+class HubStandIn(LoopbackStandIn):
     """Model repositories from local directories, served as the Hub serves them; counts file downloads."""
 
     catalog_repos = staticmethod(catalog_repos)
@@ -124,21 +124,6 @@ class HubStandIn:
         self._lock = threading.Lock()
         self._files: dict[tuple[Path, int, int], HubFile] = {}  # by (path, mtime_ns, size): hashed once
         self._server = StandInServer(_Handler, self, name="hub-stand-in", host=host)
-
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> str:
-        self._server.start()
-        return self.base_url
-
-    def stop(self) -> None:
-        self._server.stop()
 
     def files(self, repo_id: str) -> list[HubFile]:
         """The repository's files, sorted by name (a flat directory: sub-directories are not served)."""

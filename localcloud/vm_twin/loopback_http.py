@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["StandInServer"]
+__all__ = ["LoopbackStandIn", "StandInServer"]
 
 
 class StandInServer(ThreadingHTTPServer):
@@ -40,3 +40,25 @@ class StandInServer(ThreadingHTTPServer):
             self.shutdown()
             self._serving = None
         self.server_close()
+
+
+class LoopbackStandIn:
+    """What a stand-in served by its ``_server`` offers callers: the port, the base URL, start and stop."""
+
+    _server: StandInServer
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> str:
+        self._server.start()
+        return self.base_url
+
+    def stop(self) -> None:
+        """Stop serving (a no-op for an instance never started)."""
+        self._server.stop()

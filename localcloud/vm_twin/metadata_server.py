@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from localcloud.vm_twin.loopback_http import StandInServer
+from localcloud.vm_twin.loopback_http import LoopbackStandIn, StandInServer
 
 __all__ = ["GuestAttributes", "MetadataServer", "TokenIssuer", "VmIdentity"]
 
@@ -86,7 +86,7 @@ class GuestAttributes:
         self.put, self.read, self.delete = put, read, delete
 
 
-class MetadataServer:
+class MetadataServer(LoopbackStandIn):
     """One VM's metadata server on a loopback port. ``start()`` returns ``host:port`` (``GCE_METADATA_HOST``)."""
 
     def __init__(
@@ -107,10 +107,6 @@ class MetadataServer:
     @property
     def host_port(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def port(self) -> int:
-        return self._server.port
 
     def start(self) -> str:
         self._server.start()

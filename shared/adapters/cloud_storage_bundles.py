@@ -36,7 +36,7 @@ from shared.domain.debug_bundle import MAX_BUNDLE_BYTES
 from shared.domain.errors import CloudError, ErrorClass
 from shared.logging import scrub_untrusted
 
-__all__ = ["DEFAULT_ENDPOINT", "SCOPE", "CloudStorageBundles", "error_message"]
+__all__ = ["DEFAULT_ENDPOINT", "SCOPE", "CloudStorageBundles", "storage_error"]
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
@@ -155,21 +155,34 @@ class CloudStorageBundles:
         return bytes(data)
 
     def _classified(self, response: requests.Response, verb: str, name: str, fix: str) -> CloudError:
-        code = response.status_code
-        text = f"Cloud Storage {verb} of {self.location(name)}: HTTP {code}: {error_message(response)}"
-        if code in (401, 403):
-            return CloudError(ErrorClass.PERMISSION, f"{text} ({fix})", code=code)
-        if code == 404:
-            return CloudError(ErrorClass.NOT_FOUND, f"{text} (no such bundle, or no bucket {self._bucket})", code=code)
-        if code == 412:
-            return CloudError(
-                ErrorClass.ALREADY_EXISTS, f"{text} (already exists: a bundle is written once; use a new id)", code=code
-            )
-        if code == 429:
-            return CloudError(ErrorClass.RATE_LIMIT, f"{text} (slow down and retry)", code=code)
-        if code == 408 or code >= 500 or code < 400:
-            return CloudError(ErrorClass.TRANSIENT, f"{text} (retry later)", code=code)
-        return CloudError(ErrorClass.INVALID, f"{text} (the request will not pass as it is)", code=code)
+        return storage_error(
+            response,
+            f"{verb} of {self.location(name)}",
+            fix=fix,
+            missing=f"no such bundle, or no bucket {self._bucket}",
+            conflict="already exists: a bundle is written once; use a new id",
+        )
+
+
+def storage_error(
+    response: requests.Response, what: str, *, fix: str, missing: str, conflict: str | None = None
+) -> CloudError:
+    """Cloud Storage's answer to ``what`` ("upload of gs://b/o") as one classified error: ``fix`` follows a refused
+    identity, ``missing`` a 404, ``conflict`` (when given) a failed precondition; rate limits and server errors
+    are transient, the rest will not pass as it is."""
+    code = response.status_code
+    text = f"Cloud Storage {what}: HTTP {code}: {_error_message(response)}"
+    if code in (401, 403):
+        return CloudError(ErrorClass.PERMISSION, f"{text} ({fix})", code=code)
+    if code == 404:
+        return CloudError(ErrorClass.NOT_FOUND, f"{text} ({missing})", code=code)
+    if code == 412 and conflict is not None:
+        return CloudError(ErrorClass.ALREADY_EXISTS, f"{text} ({conflict})", code=code)
+    if code == 429:
+        return CloudError(ErrorClass.RATE_LIMIT, f"{text} (slow down and retry)", code=code)
+    if code == 408 or code >= 500 or code < 400:
+        return CloudError(ErrorClass.TRANSIENT, f"{text} (retry later)", code=code)
+    return CloudError(ErrorClass.INVALID, f"{text} (the request will not pass as it is)", code=code)
 
 
 def _check_name(where: str, name: str) -> None:
@@ -178,7 +191,7 @@ def _check_name(where: str, name: str) -> None:
         raise CloudError(ErrorClass.INVALID, f"{where}: not a Cloud Storage object name (use bundle_object_name)")
 
 
-def error_message(response: requests.Response) -> str:
+def _error_message(response: requests.Response) -> str:
     """Cloud Storage's error message in a JSON answer (else the reason), scrubbed and bounded: it is untrusted."""
     try:
         message = str(response.json()["error"]["message"])

@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 import requests
 
-from shared.adapters.cloud_storage_bundles import error_message
+from shared.adapters.cloud_storage_bundles import storage_error
 from shared.domain.errors import CloudError, ErrorClass, TransientError
 
 __all__ = [
@@ -229,15 +229,8 @@ class WeightsCacheBucket:
             raise CloudError(ErrorClass.PERMISSION, f"{self.where(name)}: no token: {type(exc).__name__}") from exc
 
     def _classified(self, response: requests.Response, verb: str, name: str) -> CloudError:
-        code = response.status_code
-        text = f"Cloud Storage {verb} of {self.where(name)}: HTTP {code}: {error_message(response)}"
-        if code in (401, 403):
-            return CloudError(ErrorClass.PERMISSION, f"{text} ({_FIX})", code=code)
-        if code == 404:
-            return CloudError(ErrorClass.NOT_FOUND, f"{text} (no bucket {self.bucket}: terraform apply)", code=code)
-        if code == 429 or code == 408 or code >= 500:
-            return CloudError(ErrorClass.TRANSIENT, f"{text} (retry later)", code=code)
-        return CloudError(ErrorClass.INVALID, text, code=code)
+        missing = f"no bucket {self.bucket}: terraform apply"
+        return storage_error(response, f"{verb} of {self.where(name)}", fix=_FIX, missing=missing)
 
 
 def _committed(response: requests.Response, size: int) -> int | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.startup import reported_stages
 from localcloud.demo import DemoSpec, LocalDemo
 from localcloud.emulators import EMULATORS, find_emulator
 from localcloud.runner import LocalCloud, LocalCloudOptions
@@ -36,7 +37,6 @@ from localcloud.vm_twin.vm import TwinVm, unshare_available
 from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
-from shared.domain.boot_stages import parse_stages
 from shared.domain.debug_bundle import bundle_object_name
 from shared.domain.models import NodeTask, Phase, RejectedMessage
 from shared.domain.serving_key import deployment_api_key
@@ -196,12 +196,8 @@ def _a_preempted_slice_is_replaced_from_the_regions_weights_cache(cloud: LocalCl
     stages = None
     while time.monotonic() < deadline and stages is None:
         for vm in cloud.fleet.vms():
-            if vm.node_id in before:
-                continue
-            with contextlib.suppress(KeyError):  # the node may be gone again before its attributes are read
-                attributes = {key: value for _ns, key, value in cloud.world.guest_attributes(vm.zone, vm.node_id)}
-                found = parse_stages(attributes.get("stages", ""), int(attributes.get("boot", "0") or 0))
-                stages = found if found is not None and "first_token" in found.seconds else None
+            if vm.node_id not in before and (found := reported_stages(cloud.world, vm.zone, vm.node_id)) is not None:
+                stages = found[1]  # this boot's stages, once its first token is in
         time.sleep(1)
     assert stages is not None, "the replacement VM never reported its first token"
     assert stages.weights_source == "bucket" and stages.compile_cache == "cold", stages

@@ -20,6 +20,7 @@ import requests
 from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
 from localcloud.vm_twin.hub_api import HubStandIn, catalog_repos
 from shared.domain.catalog.presets import PRESETS
+from tests.support.stand_ins import hub_stand_in
 
 REPO = "twin-org/tiny-model"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -38,12 +39,8 @@ def model_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(model_dir: Path) -> Iterator[HubStandIn]:
-    served = HubStandIn({REPO: (model_dir, COMMIT)})
-    served.start()
-    try:
+    with hub_stand_in({REPO: (model_dir, COMMIT)}) as served:
         yield served
-    finally:
-        served.stop()
 
 
 def git_hash_object(data: bytes) -> str:

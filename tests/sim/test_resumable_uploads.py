@@ -18,7 +18,7 @@ import shared.adapters.weights_cache_bucket as bucket_module
 from localcloud.vm_twin.google_apis import GoogleApis
 from shared.adapters.weights_cache_bucket import WeightsCacheBucket
 from shared.domain.errors import CloudError
-from tests.support.storage_stand_in import storage_stand_in
+from tests.support.stand_ins import storage_stand_in
 
 BUCKET = "tpuctl-twin-weights-us-east5"
 CHUNK = 256 * 1024

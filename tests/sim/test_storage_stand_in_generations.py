@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from localcloud.vm_twin.google_apis import GoogleApis
-from tests.support.storage_stand_in import storage_stand_in
+from tests.support.stand_ins import storage_stand_in
 
 PROJECT = "tpuctl-twin"
 BUCKET = "tpuctl-twin-weights-us-east5"

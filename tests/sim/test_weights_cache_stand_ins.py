@@ -22,7 +22,7 @@ from shared.adapters.hub_files import HubFiles
 from shared.adapters.weights_cache_bucket import CloudStorageCacheState, WeightsCacheBucket
 from shared.domain.errors import CloudError
 from shared.domain.weights_cache import repo_folder
-from tests.support.storage_stand_in import storage_stand_in
+from tests.support.stand_ins import hub_stand_in, storage_stand_in
 
 REPO = "google/gemma-4-e4b-it"
 COMMIT = "c" * 40
@@ -45,12 +45,8 @@ def model_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(model_dir: Path) -> Iterator[HubStandIn]:
-    served = HubStandIn({REPO: (model_dir, COMMIT)})
-    served.start()
-    try:
+    with hub_stand_in({REPO: (model_dir, COMMIT)}) as served:
         yield served
-    finally:
-        served.stop()
 
 
 @pytest.fixture
