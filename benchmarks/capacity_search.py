@@ -45,7 +45,7 @@ Measured per run: virtual time until the policy holds an ACTIVE slice (censored 
 chip-hours billed for capacity that was not the serving slice, API calls, orphans left at the end
 (labelled resources other than the serving slice; for ours after a janitor tick) and availability.
 Every run also reports command -> first token: ACTIVE plus the boot model's stages for the granted slice
-(``localcloud.tpu_sim.boot_model``, gemma-4-26b-a4b), and the outage after a preemption including the re-boot.
+(``shared.domain.boot_model``, gemma-4-26b-a4b), and the outage after a preemption including the re-boot.
 
 Usage::
 

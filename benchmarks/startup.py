@@ -12,9 +12,14 @@ the first one-token completion):
 * ``replacement``: the boot after a spot preemption, on a new VM in the same region (weights from the region's
   Cloud Storage cache, which the first boot filled; the compile cache is on the lost disk: cold);
 * ``reboot``: the guest of the serving VM restarted on the same disk (weights and compile cache both kept): what a
-  regional compile cache would give a new VM, and what a host-maintenance reboot gets today. The monitor's
-  Scheduler job is paused meanwhile (as an SRE would during maintenance) so that its healing does not restart the
-  engine the boot is timing.
+  host-maintenance reboot gets. The monitor's Scheduler job is paused meanwhile (as an SRE would during
+  maintenance) so that its healing does not restart the engine the boot is timing;
+* ``prewarm``: a ``tpuctl prewarm`` of the same plan and slice, a builder VM (the builder service account, no
+  proxy): it compiles, answers one token on its socket, fills the region's shared compile cache (``compile_fill``)
+  and is deleted;
+* ``restored``: the boot after a second spot preemption, on a new VM again, now with the compile cache restored
+  from the bucket the prewarm filled (``compile_restore``): against ``replacement`` (the same boot without it),
+  what the shared compile cache gives.
 
 ``trigger -> first token`` is wall time from the command (create, preemption, reboot) until the VM reported its
 first token; the stages are on the VM's own clock. Medians over the runs; ratios against ``cold``.
@@ -46,9 +51,10 @@ from mcp_client_gateway.core import GatewayCore
 from shared.domain.boot_stages import STAGE_NAMES, parse_stages
 from shared.domain.models import BootStages
 
+SERVING_STAGES = ("image", "weights", "engine", "first_token")  # every serving boot has these
 ZONES = ("us-east5-a", "us-east5-b")  # one region: the replacement lands where the first boot filled the cache
 MONITOR_JOB = "tpuctl-monitor-tick"
-KINDS = ("cold", "replacement", "reboot")
+KINDS = ("cold", "replacement", "reboot", "prewarm", "restored")
 BOOT_TIMEOUT_S = 900.0
 Reading = tuple[str, tuple[int, BootStages]] | None  # (node, (boot stamp, stages)) once a first token is reported
 
@@ -81,7 +87,7 @@ class Table:
         return statistics.median(values) if values else None
 
     def lines(self) -> list[str]:
-        rows = [*STAGE_NAMES, "stages total", "trigger -> first token (wall)"]
+        rows = [*self._stage_rows(), "stages total", "trigger -> first token (wall)"]
         out = [
             "| stage (median s) | " + " | ".join(KINDS) + " | " + " | ".join(f"{k} / cold" for k in KINDS[1:]) + " |"
         ]
@@ -90,16 +96,30 @@ class Table:
             cells = [self._cell(kind, row) for kind in KINDS]
             ratios = [self._ratio(kind, row) for kind in KINDS[1:]]
             out.append(f"| {row.replace('_', ' ')} | " + " | ".join(cells + ratios) + " |")
-        out.append("| weights source | " + " | ".join(self._sources(kind, "weights") for kind in KINDS) + " |" * 3)
-        out.append("| compile cache | " + " | ".join(self._sources(kind, "compile") for kind in KINDS) + " |" * 3)
+        pad = " |" * len(KINDS)  # the ratio columns stay empty
+        out.append("| weights source | " + " | ".join(self._sources(kind, "weights") for kind in KINDS) + pad)
+        out.append("| compile cache | " + " | ".join(self._sources(kind, "compile") for kind in KINDS) + pad)
+        shared = (
+            boot.stages.compile_restore or boot.stages.compile_fill
+            for kind in KINDS
+            for boot in self.boots.get(kind, [])
+        )
+        if any(shared):
+            out.append("| shared compile cache | " + " | ".join(self._sources(kind, "shared") for kind in KINDS) + pad)
         out.append(f"runs: {', '.join(f'{kind} {len(self.boots.get(kind, []))}' for kind in KINDS)}")
         return out
 
+    def _stage_rows(self) -> list[str]:
+        """Every stage a serving boot has, and the compile cache's restore where any boot had one."""
+        seen = {stage for boots in self.boots.values() for boot in boots for stage in boot.stages.seconds}
+        return [stage for stage in STAGE_NAMES if stage in SERVING_STAGES or stage in seen]
+
     def _value(self, kind: str, row: str) -> float | None:
         if row == "stages total":
-            parts = [self.median(kind, stage) for stage in STAGE_NAMES]
-            known = [part for part in parts if part is not None]
-            return sum(known) if len(known) == len(parts) else None
+            parts = {stage: self.median(kind, stage) for stage in self._stage_rows()}
+            if any(parts[stage] is None for stage in SERVING_STAGES):
+                return None
+            return sum(part for part in parts.values() if part is not None)
         if row.startswith("trigger"):
             return self.trigger_median(kind)
         return self.median(kind, row)
@@ -113,10 +133,12 @@ class Table:
         return "-" if value is None or not cold else f"{value / cold:.2f}"
 
     def _sources(self, kind: str, what: str) -> str:
-        found = {
-            (boot.stages.weights_source if what == "weights" else boot.stages.compile_cache) or "?"
-            for boot in self.boots.get(kind, [])
-        }
+        def state(stages: BootStages) -> str | None:
+            if what == "shared":
+                return stages.compile_restore or stages.compile_fill
+            return stages.weights_source if what == "weights" else stages.compile_cache
+
+        found = {state(boot.stages) or "?" for boot in self.boots.get(kind, [])}
         return "/".join(sorted(found)) or "-"
 
 
@@ -162,6 +184,16 @@ def serving_vm(
     return read
 
 
+def prewarmed(cloud: LocalCloud, exclude: Sequence[str]) -> Callable[[], Reading]:
+    """A reader of the builder VM once it reported its compile cache fill."""
+
+    def read() -> Reading:
+        found = serving_vm(cloud, exclude)()
+        return found if found is not None and "compile_fill" in found[1][1].seconds else None
+
+    return read
+
+
 def rebooted(cloud: LocalCloud, zone: str, node: str, stamp: int) -> Callable[[], Reading]:
     """A reader of ``node``'s next boot (stamped after ``stamp``) once it reported a first token."""
 
@@ -185,12 +217,12 @@ def one_run(tier: VllmCpuTier, compile_model: bool) -> list[Boot]:
                 cloud.world.set_capacity(zone, "spot", 8)
             spec = DemoSpec(deployment_id="startup", zones=ZONES, tiers=("spot",), hedge=1, valid_until_minutes=None)
             demo = LocalDemo(cloud, GatewayCore(build_ports(cloud.settings)), spec, emit=lambda line: None)
-            return _three_boots(cloud, demo)
+            return _boots(cloud, demo)
         finally:
             cloud.stop()
 
 
-def _three_boots(cloud: LocalCloud, demo: LocalDemo) -> list[Boot]:
+def _boots(cloud: LocalCloud, demo: LocalDemo) -> list[Boot]:
     assert cloud.fleet is not None
     began = time.monotonic()
     demo.deploy()
@@ -213,6 +245,30 @@ def _three_boots(cloud: LocalCloud, demo: LocalDemo) -> list[Boot]:
         boots.append(Boot("reboot", node, stages, time.monotonic() - began))
     finally:
         cloud.scheduler.resume_job(MONITOR_JOB)
+    return boots + _prewarm_then_restored(cloud, demo, node)
+
+
+def _prewarm_then_restored(cloud: LocalCloud, demo: LocalDemo, serving: str) -> list[Boot]:
+    """A prewarm of the same plan, then a second preemption whose replacement restores what the builder compiled."""
+    spec = demo.spec
+    began = time.monotonic()
+    demo.gateway.create_deployment(
+        deployment_id=f"{spec.deployment_id}-prewarm",
+        model=spec.model,
+        accelerator=spec.accelerator,
+        zones=list(spec.zones),
+        tiers=list(spec.tiers),
+        hedge=spec.hedge,
+        prewarm=True,
+        ttl_hours=24.0,  # the clock runs 60x the wall; the default 2 h backstop would end the compile at 2 min
+    )
+    builder, _stamp, stages = wait_for(prewarmed(cloud, exclude=(serving,)), "prewarm")
+    boots = [Boot("prewarm", builder, stages, time.monotonic() - began)]
+    began = time.monotonic()
+    demo.preempt()
+    node, _stamp, stages = wait_for(serving_vm(cloud, exclude=(serving, builder)), "restored boot")
+    boots.append(Boot("restored", node, stages, time.monotonic() - began))
+    demo.wait_until_serving(BOOT_TIMEOUT_S)
     demo.teardown(BOOT_TIMEOUT_S)
     return boots
 

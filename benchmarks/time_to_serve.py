@@ -3,7 +3,7 @@
 Why here and not in the controller or the simulator's lifecycle: the controller never sees the boot (it
 must not branch on a local run), and the simulator's API stops at ACTIVE. The harness records when the
 served slice was ACTIVE (``ServeTracker``), then ``account`` lays a boot on each ACTIVE interval with
-``localcloud.tpu_sim.boot_model`` (preset ``gemma-4-26b-a4b``, the benchmark's, on the granted slice):
+``shared.domain.boot_model`` (preset ``gemma-4-26b-a4b``, the benchmark's, on the granted slice):
 
 * a boot starts when the provider turned the slice ACTIVE; it serves once the boot is over, if the slice is
   still ACTIVE then (a preemption during the boot wastes it and the next slice boots again);
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.capacity_search_results import RunResult, ScenarioPlan
 from localcloud.tpu_sim import World
-from localcloud.tpu_sim.boot_model import CacheState, boot_stages, median_stages
+from shared.domain.boot_model import CacheState, boot_stages, median_stages
 from shared.domain.models import Tier, region_of
 
 __all__ = [

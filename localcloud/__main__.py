@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the production-path twin: TPUCTL_BACKEND=gcp everywhere, on the emulators and local Google API stand-ins",
     )
+    up.add_argument(
+        "--twin-compile",
+        action="store_true",
+        help="vLLM on CPU compiles instead of running eagerly (slower boots; what tpuctl prewarm needs to fill)",
+    )
     up.add_argument("--seed", type=int, default=None, help="override the scenario's RNG seed")
     up.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     up.add_argument(
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             boot_nodes=not args.no_vllm,
             emulators=args.emulators,
             gcp=args.gcp,
+            twin_compile=args.twin_compile,
             seed=args.seed,
             log_level="INFO",
         )

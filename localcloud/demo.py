@@ -61,6 +61,8 @@ class Gateway(Protocol):
         hedge: int | None = None,
         budget_usd: float | None = None,
         valid_until_minutes: int | None = None,
+        prewarm: bool = False,
+        ttl_hours: float | None = None,
     ) -> Any: ...
 
     def get_operation(self, command_id: str) -> Any: ...

@@ -61,12 +61,13 @@ from localcloud.vm_twin.agent_bundle import PublishedBundle, publish_node_agent
 from localcloud.vm_twin.google_apis import GoogleApis
 from localcloud.vm_twin.image_vllm import TWIN_COMPILE
 from localcloud.vm_twin.metadata_server import TokenIssuer
-from localcloud.vm_twin.vm import VmFleet, unshare_available
+from localcloud.vm_twin.vm import VmFleet, builder_service_account, unshare_available
 from shared.adapters.file_secrets import FileSecretStore
 from shared.adapters.local_bus import LocalBus
 from shared.adapters.local_scheduler import LocalScheduler
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.config import Settings
+from shared.domain.compile_cache import COMPILE_PREFIX
 from shared.domain.weights_cache import regions_of
 from shared.logging import JsonFormatter, RedactingFilter, register_secret
 from shared.messages.routing import FUNCTION_TRIGGERS, push_routes, subscription_filter
@@ -181,7 +182,11 @@ class LocalCloud:
         self._secrets = FileSecretStore(self.data_dir / "secrets")
         # What a TPU VM reaches besides the controller: its metadata server's tokens, Secret Manager, Storage.
         self.tokens = TokenIssuer()
-        self.google_apis = GoogleApis(self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens)
+        self.builder_account = builder_service_account(self.scenario.project)  # alone writes compile/, as in Terraform
+        self.google_apis = GoogleApis(
+            self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens,
+            prefix_writers={COMPILE_PREFIX: {self.builder_account}},
+        )  # fmt: skip
         # The production-path twin's controller side: Secret Manager (anonymous, as the emulators) and Scheduler.
         self.controller_apis = GoogleApis(
             self.scenario.project, self._secrets, self.data_dir / "storage", self.tokens, require_token=False
@@ -274,6 +279,7 @@ class LocalCloud:
                 **({"node_agent_bundle": bundle.uri, "node_agent_bundle_sha256": bundle.sha256} if bundle else {}),
                 "backend": "gcp" if self.options.gcp else "local",
                 "project": self.scenario.project,
+                "builder_service_account": self.builder_account,  # prewarm builder VMs run as it
                 **(
                     {
                         "secretmanager_endpoint": self.controller_apis.base_url,
@@ -473,6 +479,7 @@ class LocalCloud:
             **{f"TPUCTL_{name.upper()}": f"{getattr(settings, name):.0f}" for name in _SCALED_LIMITS},
             **({"TPUCTL_BOOT_BUDGET_S": f"{settings.boot_budget_s:.0f}"} if settings.boot_budget_s else {}),
             "TPUCTL_LOG_LEVEL": settings.log_level,
+            "TPUCTL_BUILDER_SERVICE_ACCOUNT": self.builder_account,  # prewarm builder VMs, as Terraform sets it
             **(
                 {
                     "TPUCTL_NODE_AGENT_BUNDLE": settings.node_agent_bundle,

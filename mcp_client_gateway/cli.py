@@ -42,7 +42,7 @@ from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, de
 from mcp_client_gateway.cli_bench import add_workload_arguments, run_of, workload_settings
 from mcp_client_gateway.cli_bench_report import add_bench_report_command
 from mcp_client_gateway.cli_debug import add_debug_command
-from mcp_client_gateway.cli_deploy import add_deploy_arguments
+from mcp_client_gateway.cli_deploy import PREWARM_HELP, add_deploy_arguments
 from mcp_client_gateway.cli_output import (
     Output,
     render_accepted,
@@ -218,6 +218,7 @@ def _create(core: GatewayCore, args: argparse.Namespace, *, confirm: str | None)
         command_id=args.command_id,
         book_calendar=args.book_calendar,
         confirm=confirm,
+        prewarm=args.prewarm,
     )
 
 
@@ -507,6 +508,9 @@ def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser, waiting:
     deploy = sub.add_parser("deploy", parents=[common, waiting], help="create a deployment")
     add_deploy_arguments(deploy)
     deploy.set_defaults(handler=cmd_deploy)
+    prewarm = sub.add_parser("prewarm", parents=[common, waiting], help=PREWARM_HELP)
+    add_deploy_arguments(prewarm)
+    prewarm.set_defaults(handler=cmd_deploy, prewarm=True)
 
     status = sub.add_parser("status", parents=[common], help="list deployments, or show one")
     status.add_argument("deployment_id", nargs="?")

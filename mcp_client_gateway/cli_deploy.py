@@ -12,6 +12,12 @@ _ALTERNATIVE = "a slice to step down or across to when the first is scarce (repe
 _BOOK = "book the earliest calendar-mode window (tpuctl plan shows it and its price; asks for confirmation)"
 
 
+PREWARM_HELP = (
+    "fill the region's compile cache for a deployment's plan: a builder boots, compiles, uploads and is deleted "
+    "(priced in tpuctl plan; later boots of the same plan and slice start warm)"
+)
+
+
 def add_deploy_arguments(deploy: argparse.ArgumentParser) -> None:
     deploy.add_argument("deployment_id")
     deploy.add_argument("--model", required=True, choices=MODEL_PRESET_NAMES)
@@ -29,5 +35,6 @@ def add_deploy_arguments(deploy: argparse.ArgumentParser) -> None:
     deploy.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype (default bfloat16)")
     deploy.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
     deploy.add_argument("--book-calendar", action="store_true", help=_BOOK)
+    deploy.add_argument("--prewarm", action="store_true", help=f"{PREWARM_HELP}; the same as tpuctl prewarm")
     deploy.add_argument("--yes", "-y", action="store_true", help="confirm a booking without a prompt")
     deploy.add_argument("--confirm", metavar="NAME", help="confirm a booking by naming the deployment")

@@ -255,6 +255,11 @@ def render_plan(plan: PlanView, out: Output) -> None:
         out.out.print(Text(f"calendar-mode window: {plan.calendar.note}"))
     for cache in plan.weights_cache:
         out.out.print(Text(f"weights cache {cache.region} ({cache.state}): {cache.note}"))
+    if plan.prewarm is not None:
+        quote = plan.prewarm
+        out.out.print(
+            Text(f"prewarm (tpuctl prewarm): about ${quote.usd:.2f} at {quote.tier} in {quote.region}, {quote.note}")
+        )
     if plan.clock_warning:
         out.note(f"warning: {plan.clock_warning}")
     for note in plan.notes:

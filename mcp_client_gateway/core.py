@@ -137,6 +137,7 @@ class GatewayCore:
         alternative_accelerators: Sequence[str] | None = None,
         book_calendar: bool = False,
         confirm: str | None = None,
+        prewarm: bool = False,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; no zones: the
         plan's search scope (where the slice, or an alternative slice, fits the live quota,
@@ -162,6 +163,7 @@ class GatewayCore:
             alternative_accelerators=alternative_accelerators,
             book_calendar=book_calendar,
             confirm=confirm,
+            prewarm=prewarm,
         )
         warning = clock_warning(self.ports, ttl_hours)
         return accepted.model_copy(update={"warnings": [warning]}) if warning else accepted

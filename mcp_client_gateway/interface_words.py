@@ -75,6 +75,7 @@ COMMANDS: dict[str, CliCommand | None] = {
             **_DEPLOY_SPEC,
             "alternative_accelerators": "--alternative-accelerator",
             "book_calendar": "--book-calendar",
+            "prewarm": "--prewarm",
             **_CONFIRM,
         },
     ),

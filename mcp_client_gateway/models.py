@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcp_client_gateway.boot_views import BootStagesView
-from mcp_client_gateway.cache_views import WeightsCacheView
+from mcp_client_gateway.cache_views import PrewarmView, WeightsCacheView
 from mcp_client_gateway.calendar_views import CalendarQuoteView
 from mcp_client_gateway.debug_views import UNTRUSTED_NOTICE, DebugBundleView, DebugProcessView, DebugThreadView
 from mcp_client_gateway.slice_views import AlternativeSliceView
@@ -735,6 +735,7 @@ class PlanView(_View):
     search_scope: SearchScopeView = Field(description="The zones a create with these arguments would search.")
     calendar: CalendarQuoteView | None = Field(default=None, description="The earliest calendar-mode window, priced.")
     weights_cache: list[WeightsCacheView] = Field(default_factory=list, description="Each region's weights cache.")
+    prewarm: PrewarmView | None = Field(default=None, description="One prewarm (tpuctl prewarm), priced.")
 
 
 class ArtifactsView(_View):

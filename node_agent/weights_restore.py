@@ -42,7 +42,7 @@ from shared.domain.weights_cache import (
     weights_source,
 )
 
-__all__ = ["CacheBucket", "Hub", "RestoreReport", "WeightsError", "cache_for", "restore_weights"]
+__all__ = ["CacheBucket", "Hub", "RestoreReport", "WeightsError", "cache_for", "restore_weights", "vm_cache"]
 
 log = logging.getLogger("tpuctl.weights")
 _PARTIAL = ".tpuctl-partial"
@@ -220,10 +220,11 @@ def cache_for(
     return bucket, choice.reason
 
 
-def _vm_cache(buckets: dict[str, str], cross_region: bool) -> tuple[CacheBucket | None, str]:
-    """``cache_for`` this VM: its region from the metadata server, buckets as its service account reaches them."""
+def vm_cache(buckets: dict[str, str], cross_region: bool) -> tuple[CacheBucket | None, str]:
+    """``cache_for`` this VM: its region from the metadata server, buckets as its service account reaches them (the
+    weights restore's and the compile cache's)."""
     if not buckets:
-        return None, "no weights cache configured"
+        return None, "no cache bucket configured (no --cache)"
     from shared.adapters.weights_cache_bucket import WeightsCacheBucket, vm_zone
     from shared.config import Settings
 
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"--cache: {exc}", file=sys.stderr)
         return 2
-    cache, why = _vm_cache(buckets, args.cross_region)
+    cache, why = vm_cache(buckets, args.cross_region)
     log.info("weights cache: %s", why)
     hub_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
     try:

@@ -147,6 +147,14 @@ class Settings(BaseSettings):
         description="Service account email every TPU VM runs as (default: the project's default); it is granted "
         "roles/pubsub.subscriber on its deployment's node channel only.",
     )
+    # Prewarm builder VMs only (Terraform output tpu_builder_service_account): the one identity that may write the
+    # shared compile cache, compile/ in the weights-cache buckets (shared/domain/compile_cache.py). Never a serving
+    # VM's account.
+    builder_service_account: str | None = Field(
+        default=None,
+        description="Service account email a prewarm builder VM runs as (tpuctl prewarm); it alone may write "
+        "compile/ in the weights-cache buckets. Unset: no builder identity.",
+    )
     node_network: str | None = Field(default=None, description="VPC name or path for TPU VMs (default: 'default').")
     node_subnetwork: str | None = Field(default=None, description="Subnetwork name or path for TPU VMs.")
     node_tags: str = Field(default="", description="Comma-separated network tags (the vLLM firewall rule's target).")
@@ -198,8 +206,27 @@ class Settings(BaseSettings):
         if self.clock == "simulator" and not self.tpu_endpoint:
             raise ValueError("TPUCTL_CLOCK: 'simulator' needs TPUCTL_TPU_ENDPOINT (the simulator's http:// URL)")
         self.node_placement()  # a malformed email, network or tag fails at start-up, naming the variable
+        self._check_builder_service_account()
         self._check_node_agent_bundle()
         return self
+
+    def _check_builder_service_account(self) -> None:
+        """An email as for the node account, and never the serving VMs' account (the builder writes compile/)."""
+        account = self.builder_service_account
+        if account is None:
+            return
+        try:
+            NodePlacement(service_account=account)  # the same email pattern as TPUCTL_NODE_SERVICE_ACCOUNT
+        except ValidationError as exc:
+            raise ValueError(
+                f"TPUCTL_BUILDER_SERVICE_ACCOUNT: not valid ({exc.errors()[0]['msg']}); use Terraform's output "
+                "tpu_builder_service_account"
+            ) from None
+        if account == self.node_service_account:
+            raise ValueError(
+                "TPUCTL_BUILDER_SERVICE_ACCOUNT: the same account as TPUCTL_NODE_SERVICE_ACCOUNT; serving VMs must "
+                "not write the compile cache, so use Terraform's output tpu_builder_service_account"
+            )
 
     def _check_node_agent_bundle(self) -> None:
         """Both or neither; a bad URI or digest fails at start-up, not on a TPU VM minutes into its boot."""

@@ -358,6 +358,11 @@ class WeightsCacheState(Protocol):
         """Bytes of ``repo_id``'s files in ``bucket`` (0: none); a ``CloudError`` when the bucket cannot be read."""
         ...
 
+    def compiled_bytes(self, bucket: str, repo_id: str, key: str) -> int | None:
+        """Bytes of the compile cache entry ``key`` (shared.domain.compile_cache) of ``repo_id`` in ``bucket``;
+        None when there is none a boot would restore; a ``CloudError`` when it cannot be read."""
+        ...
+
 
 class CalendarReservations(Protocol):
     """Calendar-mode future reservations (Compute Engine): where and when a window is free, booking it, its state

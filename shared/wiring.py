@@ -210,6 +210,7 @@ class Runtime:
             tick_job=reconcile_tick_job(self.topic("ticks")),
             holder=f"provisioner-{socket.gethostname()}-{os.getpid()}",  # who holds a lease, in logs and records
             probe=ProbePolicy() if self.settings.spot_probe else None,
+            builder_service_account=self.settings.builder_service_account,
         )
         return Provisioner(
             self.store,

@@ -18,9 +18,10 @@ Only the calls a VM makes are served, on Google's REST wire:
 * ``GET /storage/v1/b/B/o?prefix=P[&pageToken=T]``: ``{"kind": "storage#objects", "items": [...],
   "nextPageToken"}`` by name, 1,000 a page (the gateway sums a model's cached bytes for the plan);
 * ``POST /upload/storage/v1/b/B/o?uploadType=media&name=N[&ifGenerationMatch=G]`` (the node agent stores a debug
-  bundle; the weights cache fills its bucket): the object's metadata as above; with ``ifGenerationMatch=0`` only
-  a new object is made and with ``ifGenerationMatch=G`` only generation G is replaced, else 412
-  ``conditionNotMet`` as Google words it (checked and written atomically, so of two racing writers one wins); 404
+  bundle; the weights cache fills its bucket; a prewarm builder fills the compile cache): the object's metadata as
+  above; with ``ifGenerationMatch=0`` only a new object is made and with ``ifGenerationMatch=G`` only generation G
+  is replaced, else 412 ``conditionNotMet`` as Google words it (checked and written atomically, so of two racing
+  writers one wins); 403 ``forbidden`` for a name under a prefix the caller may not write (below); 404
   for a bucket that was never made; 413 for a body over :data:`MAX_UPLOAD_BYTES`; 400 for a name a file path
   cannot hold faithfully (``.`` or ``..`` or empty segments, line breaks), since objects are files here;
 * ``POST ...?uploadType=resumable&name=N[&ifGenerationMatch=G]`` with ``X-Upload-Content-Length``: a session,
@@ -36,15 +37,24 @@ Only the calls a VM makes are served, on Google's REST wire:
   user's credentials on Google Cloud, anonymously here).
 
 Every call needs ``Authorization: Bearer`` with a token a VM's metadata server issued (401 ``UNAUTHENTICATED``
-otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Secrets come
-from the installation's secret store (the same one the controller uses); objects from ``buckets/<B>/<O>`` files.
-An object's generation is its file's modification time in microseconds (every write sets it, strictly above the
-one it replaces), so the VM's and the controller's instances, which serve the same files, agree on it; a bucket's
-location lives beside it in ``.<B>.location``, a name no bucket can have.
+otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Writes are
+also held to Terraform's IAM conditions on object names (``prefix_writers``: an object-name prefix -> the service
+accounts that may write under it; a prefix not named is open to every VM): by default nobody with a VM token may
+write under ``compile/`` (shared/domain/compile_cache.py: only the prewarm builder's account may, and the local cloud
+names it), while reads stay open. A media upload, a resumable session's start and its final ``PUT`` (as the token
+of that ``PUT`` says, else as the session's opener) by any other account are refused with 403 ``forbidden`` in
+Google's words ("<email> does not have storage.objects.create access to the Google Cloud Storage object. ..."), and
+nothing is written.
+
+Secrets come from the installation's secret store (the same one the controller uses); objects from
+``buckets/<B>/<O>`` files. An object's generation is its file's modification time in microseconds (every write sets
+it, strictly above the one it replaces), so the VM's and the controller's instances, which serve the same files,
+agree on it; a bucket's location lives beside it in ``.<B>.location``, a name no bucket can have.
 
 The controller's side (functions and gateway in the production-path twin) gets its own instance with
-``require_token=False``, as it reaches the emulators: there the REST client is anonymous, and it may also create
-a secret (``POST /v1/projects/P/secrets?secretId=S``) and add a version (``POST .../secrets/S:addVersion``).
+``require_token=False``, as it reaches the emulators: there the REST client is anonymous (no identity, so no
+prefix rule applies), and it may also create a secret (``POST /v1/projects/P/secrets?secretId=S``) and add a
+version (``POST .../secrets/S:addVersion``).
 """
 
 from __future__ import annotations
@@ -59,18 +69,21 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from localcloud.vm_twin.logging_api import CloudLoggingStandIn
 from localcloud.vm_twin.loopback_http import LoopbackStandIn, StandInServer
 from localcloud.vm_twin.metadata_server import TokenIssuer
+from shared.domain.compile_cache import COMPILE_PREFIX
 from shared.ports import SecretStore
 
-__all__ = ["MAX_CHUNK_BYTES", "MAX_UPLOAD_BYTES", "GoogleApis"]
+__all__ = ["DEFAULT_PREFIX_WRITERS", "MAX_CHUNK_BYTES", "MAX_UPLOAD_BYTES", "GoogleApis"]
 
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024
 MAX_CHUNK_BYTES = 64 * 1024 * 1024  # one PUT of a resumable session
@@ -89,6 +102,13 @@ _OBJECTS = re.compile(rf"^/storage/v1/b/{_BUCKET_NAME}/o$")
 _LIST_PAGE = 1000  # Google's default and largest page of an object listing
 _UPLOAD = re.compile(rf"^/upload/storage/v1/b/{_BUCKET_NAME}/o$")
 _PRECONDITION = "At least one of the pre-conditions you specified did not hold."
+_CREATE_DENIED = (
+    "{account} does not have storage.objects.create access to the Google Cloud Storage object. "
+    "Permission 'storage.objects.create' denied on resource (or it may not exist)."
+)
+DEFAULT_PREFIX_WRITERS: Mapping[str, frozenset[str]] = MappingProxyType({COMPILE_PREFIX: frozenset()})
+"""Object-name prefix -> the service accounts whose VM tokens may write under it: compile/ is nobody's until the
+builder's account is named (Terraform grants objectUser on compile/ to ``tpuctl-tpu-builder`` alone)."""
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _OBJECT_WRITES = threading.Lock()
@@ -119,10 +139,12 @@ class GoogleApis(LoopbackStandIn):
         tokens: TokenIssuer,
         *,
         require_token: bool = True,
+        prefix_writers: Mapping[str, Collection[str]] = DEFAULT_PREFIX_WRITERS,
         host: str = "127.0.0.1",
     ) -> None:
         self.project = project
         self.require_token = require_token
+        self.prefix_writers = {prefix: frozenset(accounts) for prefix, accounts in prefix_writers.items()}
         self.secrets = secrets
         self.buckets_dir = buckets_dir
         self.tokens = tokens
@@ -207,13 +229,17 @@ class GoogleApis(LoopbackStandIn):
         ``uploadType=resumable``: open a session for ``total`` bytes (``X-Upload-Content-Length``)."""
         with self._lock:
             self.calls.append(("POST", path))
-        if self.require_token and self.tokens.identity(authorization) is None:
+        identity = self.tokens.identity(authorization)
+        if self.require_token and identity is None:
             return _error(401, "Request had invalid authentication credentials.")
         match = _UPLOAD.match(path)
         if match is None:
             return _error(404, f"no such API here: POST {path}")
         params = parse_qs(query)
         bucket, name = match.group(1), params.get("name", [""])[0]
+        account = identity.service_account if identity else None
+        if refused := self._write_refusal(account, name):
+            return refused
         kind = params.get("uploadType", [""])[0]
         if kind not in ("media", "resumable"):
             return _storage_error(400, "invalid", "The stand-in takes uploadType=media or resumable.")
@@ -227,10 +253,22 @@ class GoogleApis(LoopbackStandIn):
         if precondition and not precondition.isdigit():
             return _storage_error(400, "invalid", f"Invalid argument ifGenerationMatch={precondition!r}.")
         if kind == "resumable":
-            return self._open_session(bucket, name, int(precondition) if precondition else None, total)
+            return self._open_session(bucket, name, int(precondition) if precondition else None, total, account)
         return self._store(bucket, name, data, int(precondition) if precondition else None)
 
-    def _open_session(self, bucket: str, name: str, precondition: int | None, total: str | None) -> tuple[int, Body]:
+    def _write_refusal(self, account: str | None, name: str) -> tuple[int, Body] | None:
+        """403 when ``name`` is under a prefix of ``prefix_writers`` that ``account`` may not write (a VM's call);
+        None when the write may go on. The controller's anonymous instance (``require_token=False``) is not held."""
+        if not self.require_token:
+            return None
+        for prefix, writers in self.prefix_writers.items():
+            if name.startswith(prefix) and account not in writers:
+                return _storage_error(403, "forbidden", _CREATE_DENIED.format(account=account))
+        return None
+
+    def _open_session(
+        self, bucket: str, name: str, precondition: int | None, total: str | None, account: str | None
+    ) -> tuple[int, Body]:
         """A resumable session: its state in two files beside the bucket's objects (hidden from listings)."""
         if total is None or not total.isdigit():
             return _storage_error(400, "invalid", "A resumable upload needs X-Upload-Content-Length.")
@@ -238,14 +276,17 @@ class GoogleApis(LoopbackStandIn):
         if precondition is not None and precondition != (current or 0):
             return _storage_error(412, "conditionNotMet", _PRECONDITION, location="If-Match")
         upload_id = secrets.token_hex(16)
-        meta = {"bucket": bucket, "name": name, "precondition": precondition, "total": int(total)}
+        meta = {"bucket": bucket, "name": name, "precondition": precondition, "total": int(total), "account": account}
         self._session_path(bucket, upload_id, ".json").write_text(json.dumps(meta), encoding="utf-8")
         self._session_path(bucket, upload_id).write_bytes(b"")
         location = f"{self.base_url}/upload/storage/v1/b/{bucket}/o?uploadType=resumable&upload_id={upload_id}"
         return 200, Media(b"", {"Location": location})
 
-    def resume(self, path: str, query: str, content_range: str, data: bytes) -> tuple[int, Body]:
-        """``PUT`` a session's URI: take a chunk (or answer where it stands) and store the object at the end."""
+    def resume(
+        self, path: str, query: str, content_range: str, data: bytes, authorization: str | None = None
+    ) -> tuple[int, Body]:
+        """``PUT`` a session's URI: take a chunk (or answer where it stands) and store the object at the end, if the
+        ``PUT``'s token (else the session's opener) may write that name."""
         with self._lock:
             self.calls.append(("PUT", path))
         match, upload_id = _UPLOAD.match(path), parse_qs(query).get("upload_id", [""])[0]
@@ -277,7 +318,9 @@ class GoogleApis(LoopbackStandIn):
                     committed = last + 1
         if committed < total:
             return 308, Media(b"", {"Range": f"bytes=0-{committed - 1}"} if committed else {}, 308)
-        answer = self._store(meta["bucket"], meta["name"], data_path.read_bytes(), meta["precondition"])
+        identity = self.tokens.identity(authorization)
+        refused = self._write_refusal(identity.service_account if identity else meta.get("account"), meta["name"])
+        answer = refused or self._store(meta["bucket"], meta["name"], data_path.read_bytes(), meta["precondition"])
         meta_path.unlink(missing_ok=True)
         data_path.unlink(missing_ok=True)
         return answer
@@ -528,7 +571,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         data = self.rfile.read(length) if length else b""
         try:
-            status, answer = apis.resume(url.path, url.query, self.headers.get("Content-Range") or "", data)
+            status, answer = apis.resume(
+                url.path, url.query, self.headers.get("Content-Range") or "", data, self.headers.get("Authorization")
+            )
         except ValueError as exc:
             status, answer = _error(400, str(exc))
         self._reply(status, answer)

@@ -38,13 +38,17 @@ from localcloud.vm_twin.metadata_server import GuestAttributes, MetadataServer, 
 from localcloud.vm_twin.tpu_device import DEVICE_FILE
 from localcloud.vm_twin.vm_init import VmConfig
 
-__all__ = ["NodeView", "TwinVm", "VmFleet", "unshare_available"]
+__all__ = ["BUILDER_ACCOUNT_ID", "NodeView", "TwinVm", "VmFleet", "builder_service_account", "unshare_available"]
 
 log = logging.getLogger("tpuctl.localcloud.vm")
 
 LABEL_DEPLOYMENT = "tpuctl-deployment"
 SERVING_PORT = 8000  # where the startup script's vLLM listens inside the VM
 PROJECT_NUMBER = 412_345_678_901
+# Who a twin VM runs as: the account the controller attached to its node, else the project's default (below). The
+# prewarm builder's is Terraform's ``${name_prefix}-tpu-builder`` in the scenario's project: the one account the VMs'
+# Storage stand-in lets write compile/ (the local cloud gives it to the functions as TPUCTL_BUILDER_SERVICE_ACCOUNT).
+BUILDER_ACCOUNT_ID = "tpuctl-tpu-builder"
 _BOOT_EVENTS = frozenset({"ready", "started"})
 _HALT_EVENTS = frozenset({"preempted", "stopped", "deleted"})
 _UNSHARE = (
@@ -58,6 +62,16 @@ _UNSHARE = (
     "--mount-proc",
     "--kill-child",
 )
+
+
+def default_service_account() -> str:
+    """The project's default compute account, which a node the controller attached no account to runs as."""
+    return f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+
+
+def builder_service_account(project: str) -> str:
+    """The twin's prewarm builder account in ``project`` (``tpuctl-tpu-builder@<project>.iam.gserviceaccount.com``)."""
+    return f"{BUILDER_ACCOUNT_ID}@{project}.iam.gserviceaccount.com"
 
 
 def unshare_available() -> str | None:
@@ -362,9 +376,7 @@ class VmFleet:
 
     def _identity(self, event: NodeEvent) -> VmIdentity:
         body = self._world.node(event.zone, event.node_id) or {}
-        account = (body.get("serviceAccount") or {}).get(
-            "email"
-        ) or f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+        account = (body.get("serviceAccount") or {}).get("email") or default_service_account()
         return VmIdentity(
             project=self._apis.project,
             project_number=PROJECT_NUMBER,

@@ -38,7 +38,9 @@ from shared.domain.models import (
     QueuedResourceState,
     ResourceRef,
     Tier,
+    region_of,
 )
+from shared.domain.prewarm import PREWARM_TTL_HOURS
 from shared.domain.spec_change import needs_new_generation
 
 __all__ = ["CLEARABLE", "UPDATABLE", "Deployments", "describe_changes"]
@@ -104,9 +106,12 @@ class Deployments:
         alternative_accelerators: Sequence[str] | None = None,
         book_calendar: bool = False,
         confirm: str | None = None,
+        prewarm: bool = False,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; with ``book_calendar``
-        only once ``confirm`` is a token for booking exactly the window the plan quotes (``capabilities.calendar``)."""
+        only once ``confirm`` is a token for booking exactly the window the plan quotes (``capabilities.calendar``);
+        with ``prewarm`` a builder that fills the compile cache and ends (``shared.domain.prewarm``; its TTL a
+        backstop, ``PREWARM_TTL_HOURS`` unless given)."""
         deployment_id = bounds.deployment_id(deployment_id)
         model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
         alternatives = checked_alternatives(accelerator, alternative_accelerators)
@@ -117,6 +122,8 @@ class Deployments:
         max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
         kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         dtype = optional(bounds.choice, "dtype", dtype, WEIGHT_DTYPES)
+        if bounds.flag("prewarm", prewarm) and ttl_hours is None:
+            ttl_hours = PREWARM_TTL_HOURS
         valid_until_minutes = optional(
             bounds.integer, "valid_until_minutes", valid_until_minutes, bounds.VALID_UNTIL_MINUTES
         )
@@ -133,6 +140,7 @@ class Deployments:
                 "reservation_name": reservation_name,
                 "valid_until_minutes": valid_until_minutes,
                 "alternative_accelerators": list(alternatives) or None,
+                "prewarm": prewarm or None,
             },
             {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype, "dtype": dtype},
             self.ports.settings.boot_budget_s,
@@ -145,6 +153,8 @@ class Deployments:
             {"kind": "deployment.create", "deployment_id": deployment_id, "spec": spec}, command_id
         )
         self._check_can_create(deployment_id, model, accelerator, message.spec)
+        if message.spec.prewarm:
+            self._check_prewarm_caches(message.spec.zones)
         self.plans.check_alternatives(message.spec)  # each alternative fits at the chosen context, else refused
         self._check_hf_token_for(model)
         if bounds.flag("book_calendar", book_calendar):
@@ -178,6 +188,20 @@ class Deployments:
         self.confirmations.check(confirm, "book_calendar", spec.deployment_id, state, changed=changed)
         tiers = [Tier.RESERVATION.value, *(tier.value for tier in spec.tiers if tier is not Tier.RESERVATION)]
         return {"calendar": window.model_dump(mode="json"), "reservation_name": name, "tiers": tiers[:4]}
+
+    def _check_prewarm_caches(self, zones: Sequence[str]) -> None:
+        """A prewarm fills its region's cache bucket: every zone it may land in needs one, or it would pay a boot
+        for nothing (``shared.domain.compile_cache``)."""
+        buckets = self.ports.settings.weights_cache_buckets
+        for index, zone in enumerate(zones):
+            if region_of(zone) not in buckets:
+                with_cache = sorted(buckets) or ["none: add regions to Terraform's weights_cache_regions"]
+                raise GatewayError(
+                    "invalid_argument",
+                    f"zones[{index}]",
+                    f"{zone}'s region has no cache bucket for a prewarm to fill",
+                    f"prewarm only in zones of regions with a cache ({', '.join(with_cache)})",
+                )
 
     def _check_can_create(self, deployment_id: str, model: str, accelerator: str, spec: Any) -> None:
         """Refuse a create whose id is taken or whose model does not fit the slice."""

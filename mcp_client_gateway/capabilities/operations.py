@@ -44,6 +44,7 @@ from shared.domain.models import (
     Phase,
     Tier,
 )
+from shared.domain.prewarm import builder_finished
 
 __all__ = ["Operations", "deployment_stage"]
 
@@ -219,9 +220,9 @@ class Operations:
         ended = _ended_under(kind, record, status)
         if ended is not None:
             view.done = True
-            view.superseded = ended != "Deleted"
+            view.superseded = not ended.startswith(("Deleted", _PREWARMED))
             view.stage = ended
-            if ended != "Deleted":
+            if view.superseded:
                 view.next_step = "See tpu_get_deployment for what is left; create or start it again if you want it."
             return view
         if record is None:
@@ -297,6 +298,9 @@ def _verb(kind: str) -> str:
     return kind.rsplit(".", 1)[-1]
 
 
+_PREWARMED = "Prewarmed"  # how a prewarm's create ends: done, not superseded by its own delete
+
+
 def _ended_under(kind: str, record: DeploymentRecord | None, status: str) -> str | None:
     """Why a command can no longer reach its target phase: the deployment is being (or was) deleted, by a delete
     or by its TTL or budget, under a pending create, update, start or stop; or stopped under a create or start;
@@ -307,6 +311,8 @@ def _ended_under(kind: str, record: DeploymentRecord | None, status: str) -> str
         if kind == "deployment.delete":
             return "Deleted"
         return f"Superseded: the deployment no longer exists, so this {_verb(kind)} cannot finish"
+    if kind == "deployment.create" and builder_finished(record):
+        return f"{_PREWARMED}: the compile cache is filled for this plan and slice, and the builder is deleted"
     if kind not in _TARGET_PHASES or kind == "deployment.delete":
         return None
     phase = record.status.phase
@@ -397,5 +403,7 @@ def _stages_view(stages: BootStages | None) -> BootStagesView | None:
         weights_source=stages.weights_source,
         weights_bytes=stages.weights_bytes,
         compile_cache=stages.compile_cache,
+        compile_restore=stages.compile_restore,
+        compile_fill=stages.compile_fill,
         text=stages_text(stages),
     )

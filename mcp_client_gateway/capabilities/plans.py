@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp_client_gateway import bounds
-from mcp_client_gateway.cache_views import WeightsCacheView, weights_cache_views
+from mcp_client_gateway.cache_views import WeightsCacheView, prewarm_view, weights_cache_views
 from mcp_client_gateway.capabilities.calendar import CalendarQuotes
 from mcp_client_gateway.capabilities.capacity import Capacity, given_scope
 from mcp_client_gateway.capabilities.checks import (
@@ -87,15 +87,7 @@ class Plans:
             bounds.number, "gpu_memory_utilization", gpu_memory_utilization, bounds.GPU_MEMORY_UTILIZATION
         )
         ttl_hours = optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
-        throughput_fix = "pass the measured output throughput in tokens per second (above 0)"
-        tokens_per_second = optional(
-            bounds.number,
-            "tokens_per_second",
-            tokens_per_second,
-            bounds.TOKENS_PER_SECOND,
-            low_open=True,
-            fix=throughput_fix,
-        )
+        tokens_per_second = _checked_throughput(tokens_per_second)
         alternatives = checked_alternatives(accelerator, alternative_accelerators)
         spec = self.spec(
             "plan-preview",
@@ -113,7 +105,7 @@ class Plans:
             },
         )
         plan = self.serving_plan(spec)
-        costs = _cost_views(plan, tokens_per_second, prices := pricing(self.ports))
+        prices = pricing(self.ports)
         return PlanView(
             model=plan.preset.name,
             hub_id=plan.engine.model,
@@ -129,7 +121,7 @@ class Plans:
             image=plan.launch.image,
             argv=list(plan.launch.argv),
             env=dict(plan.launch.env),
-            costs=costs,
+            costs=_cost_views(plan, tokens_per_second, prices),
             unpriced=list(plan.unpriced),
             notes=list(plan.notes),
             price_table_date=PRICE_TABLE_DATE.isoformat(),
@@ -139,6 +131,7 @@ class Plans:
             clock_warning=clock_warning(self.ports, ttl_hours),
             calendar=self.calendar.quote(plan.slice.name, plan.slice.chips, spec.zones, ttl_hours),
             weights_cache=self.weights_caches(plan, spec.zones),
+            prewarm=prewarm_view(plan.preset.name, plan.slice.name, plan.cheapest()),
         )
 
     def weights_caches(self, plan: ServingPlan, zones: Sequence[str]) -> list[WeightsCacheView]:
@@ -154,6 +147,7 @@ class Plans:
             plan.engine.model,
             model_bytes,
             zones,
+            plan.compile_key,
         )
 
     def render_artifacts(
@@ -239,6 +233,11 @@ class Plans:
             raise GatewayError(
                 "invalid_argument", field if isinstance(field, str) else None, str(exc), "see tpu_plan_deployment"
             ) from None
+
+
+def _checked_throughput(value: float | None) -> float | None:
+    fix = "pass the measured output throughput in tokens per second (above 0)"
+    return optional(bounds.number, "tokens_per_second", value, bounds.TOKENS_PER_SECOND, low_open=True, fix=fix)
 
 
 def _cost_views(plan: ServingPlan, tokens_per_second: float | None, prices: Pricing) -> list[CostView]:

@@ -57,6 +57,10 @@ CreateTiersArg = Annotated[
         max_length=bounds.MAX_TIERS,
     ),
 ]
+PrewarmArg = Annotated[
+    bool,
+    Field(description="Only compile: fill the region's compile cache for this plan, then delete (tpu_plan's prewarm)."),
+]
 BookCalendarArg = Annotated[
     bool, Field(description="Book the earliest calendar-mode window (tpu_plan_deployment's calendar); paid whole.")
 ]
@@ -139,6 +143,7 @@ def register_create(tools: ToolSet) -> None:
         dtype: str | None = None,
         alternative_accelerators: list[str] | None = None,
         book_calendar: bool = False,
+        prewarm: bool = False,
     ) -> ConfirmationRequest | None:
         """With elicitation and a window to book: its terms and a token, minted before asking. A create that books
         and carries no token is refused before anything is published, so this never creates anything."""
@@ -184,6 +189,7 @@ def register_create(tools: ToolSet) -> None:
             alternative_accelerators: AlternativeAcceleratorsArg = None,
             book_calendar: BookCalendarArg = False,
             confirm: ConfirmArg = None,
+            prewarm: PrewarmArg = False,
         ) -> Annotated[CallToolResult, CommandAccepted]:
             """Bring a model up on a TPU slice. Returns command_id at once; the capacity search, boot and model
             load take minutes to hours in the cloud. Costs money once a slice is ACTIVE. Follow with

@@ -20,6 +20,7 @@ its metadata server (``on_vm``), or the session given (tests against the stand-i
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -272,6 +273,17 @@ class CloudStorageCacheState:
         return WeightsCacheBucket(bucket, self._authorized(), endpoint=self._endpoint).prefix_bytes(
             f"{WEIGHTS_PREFIX}{repo_folder(repo_id)}/blobs/"
         )
+
+    def compiled_bytes(self, bucket: str, repo_id: str, key: str) -> int | None:
+        from shared.adapters.compile_cache_entry import read_manifest
+
+        store = WeightsCacheBucket(bucket, self._authorized(), endpoint=self._endpoint)
+        with tempfile.TemporaryDirectory(prefix="tpuctl-manifest-") as folder:
+            found = read_manifest(store, repo_id, key, Path(folder) / "manifest.json")
+        if found is None or isinstance(found[1], str):
+            return None  # none, or one a boot would refuse: cold until a prewarm fills it
+        archive = store.stat(found[1].archive)
+        return found[1].bytes if archive is not None and archive[0] == found[1].bytes else None
 
     def _authorized(self) -> requests.Session:
         if self._session is None:

@@ -29,6 +29,7 @@ from shared.domain.startup_script import BOOT_PHASES, GUEST_ATTRIBUTE_NAMESPACE
 
 __all__ = [
     "BOOT_FAILED",
+    "BOOT_PREWARMED",
     "BOOT_QUERY_PATH",
     "MAX_DETAIL_CHARS",
     "STAGE_LABELS",
@@ -45,7 +46,8 @@ BOOT_FAILED = "failed"
 BOOT_QUERY_PATH = f"{GUEST_ATTRIBUTE_NAMESPACE}/"
 MAX_DETAIL_CHARS = 300
 MAX_RAW_CHARS = 4096  # a value is cut to this before anything else looks at it
-_FINAL = frozenset({"serving", BOOT_FAILED})
+BOOT_PREWARMED = "prewarmed"  # acted on only for a prewarm deployment (any VM can write any phase)
+_FINAL = frozenset({"serving", BOOT_PREWARMED, BOOT_FAILED})
 _STAMP = re.compile(r"[0-9]{1,16}")
 STAGE_LABELS: dict[str, str] = {
     "booting": "booting the VM",
@@ -57,6 +59,7 @@ STAGE_LABELS: dict[str, str] = {
     "node-agent": "starting the node agent",
     "compiling": "compiling",
     "serving": "serving",
+    BOOT_PREWARMED: "compile cache filled",
     BOOT_FAILED: "boot failed",
 }
 assert set(STAGE_LABELS) == set(BOOT_PHASES), "every phase the startup script writes needs a label"

@@ -15,15 +15,18 @@ seconds vLLM printed), with the state of the compile cache at the container's st
 directory held compiled artefacts of an earlier start, the JAX cache in ``xla_cache`` or Inductor's in
 ``torch_compile_cache``, as after a reboot; ``cold``: none); ``first_token`` the first
 one-token completion after health, sent by the script straight to vLLM: a shape compiled on the fly shows here,
-not in ``engine``. The VM is hostile: a line longer than ``MAX_STAGES_CHARS`` is ignored, only known stage
-names are kept, seconds must lie in [0, 7 days] and bytes in [0, 10 TB]; a field that fails is dropped, never
-guessed, and nothing here raises.
+not in ``engine``; ``compile_restore`` (a serving VM, before the engine) the shared compile cache's restore with
+its outcome (``shared.domain.compile_cache.RESTORE_OUTCOMES``) and ``compile_fill`` (a prewarm builder, after the
+first token) its fill with the outcome (``FILL_OUTCOMES``). The VM is hostile: a line longer than
+``MAX_STAGES_CHARS`` is ignored, only known stage names are kept, seconds must lie in [0, 7 days] and bytes in
+[0, 10 TB]; a field that fails is dropped, never guessed, and nothing here raises.
 """
 
 from __future__ import annotations
 
 import re
 
+from shared.domain.compile_cache import FILL_OUTCOMES, RESTORE_OUTCOMES
 from shared.domain.models import BootStages
 
 __all__ = [
@@ -37,7 +40,7 @@ __all__ = [
 ]
 
 STAGES_KEY = "stages"  # guest attribute tpuctl/stages
-STAGE_NAMES = ("image", "weights", "engine", "first_token")
+STAGE_NAMES = ("image", "weights", "compile_restore", "engine", "first_token", "compile_fill")
 WEIGHTS_SOURCES = ("cached", "bucket", "hub", "mixed")
 COMPILE_CACHE_STATES = ("cold", "warm")
 MAX_STAGES_CHARS = 256
@@ -69,11 +72,15 @@ def _weights(text: str) -> tuple[float, str, int | None] | None:
     return seconds, parts[1], size
 
 
-def _engine(text: str) -> tuple[float, str | None] | None:
-    """``SECONDS`` or ``SECONDS,cold|warm``, or None when out of shape."""
+# The stages that carry a state after their seconds, and the states each may carry.
+_STATES = {"engine": COMPILE_CACHE_STATES, "compile_restore": RESTORE_OUTCOMES, "compile_fill": FILL_OUTCOMES}
+
+
+def _with_state(text: str, states: tuple[str, ...]) -> tuple[float, str | None] | None:
+    """``SECONDS`` or ``SECONDS,STATE`` with STATE one of ``states``, or None when out of shape."""
     took, comma, state = text.partition(",")
     seconds = _seconds(took)
-    if seconds is None or (comma and state not in COMPILE_CACHE_STATES):
+    if seconds is None or (comma and state not in states):
         return None
     return seconds, state or None
 
@@ -89,7 +96,7 @@ def parse_stages(raw: str, boot: int) -> BootStages | None:
     seconds: dict[str, float] = {}
     source: str | None = None
     size: int | None = None
-    compile_cache: str | None = None
+    states: dict[str, str | None] = {}
     for field in fields[1:]:
         name, _, value = field.partition("=")
         if name not in STAGE_NAMES or name in seconds:
@@ -99,18 +106,25 @@ def parse_stages(raw: str, boot: int) -> BootStages | None:
             if weights is None:
                 continue
             seconds[name], source, size = weights
-        elif name == "engine":
-            engine = _engine(value)
-            if engine is None:
+        elif name in _STATES:
+            timed = _with_state(value, _STATES[name])
+            if timed is None:
                 continue
-            seconds[name], compile_cache = engine
+            seconds[name], states[name] = timed
         else:
             took = _seconds(value)
             if took is not None:
                 seconds[name] = took
     if not seconds:
         return None
-    return BootStages(seconds=seconds, weights_source=source, weights_bytes=size, compile_cache=compile_cache)
+    return BootStages(
+        seconds=seconds,
+        weights_source=source,
+        weights_bytes=size,
+        compile_cache=states.get("engine"),
+        compile_restore=states.get("compile_restore"),
+        compile_fill=states.get("compile_fill"),
+    )
 
 
 def stages_text(stages: BootStages | None) -> str:
@@ -126,7 +140,13 @@ def stages_text(stages: BootStages | None) -> str:
         if name == "weights" and stages.weights_source is not None:
             size = f", {stages.weights_bytes / 2**30:.1f} GiB" if stages.weights_bytes is not None else ""
             text += f" ({stages.weights_source}{size})"
-        if name == "engine" and stages.compile_cache is not None:
-            text += f" (compile cache {stages.compile_cache})"
+        states: dict[str, str | None] = {
+            "engine": stages.compile_cache,
+            "compile_restore": stages.compile_restore,
+            "compile_fill": stages.compile_fill,
+        }
+        state = states.get(name)
+        if state is not None:
+            text += f" (compile cache {state})" if name == "engine" else f" ({state})"
         parts.append(text)
     return ", ".join(parts)

@@ -297,6 +297,11 @@ class DeploymentSpec(BaseModel):
     )
     serving: ServingOptions = Field(default_factory=ServingOptions)
     health: HealthThresholds = Field(default_factory=HealthThresholds, description="Monitor thresholds.")
+    prewarm: bool = Field(
+        default=False,
+        description="A builder, not a server: boot, compile, fill the region's compile cache, then tear down "
+        "(shared.domain.compile_cache).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> DeploymentSpec:
@@ -311,6 +316,8 @@ class DeploymentSpec(BaseModel):
             raise ValueError("reservation_name: required when tiers include 'reservation'")
         if self.calendar is not None and (Tier.RESERVATION not in self.tiers or self.calendar.zone not in self.zones):
             raise ValueError("calendar: needs the 'reservation' tier and the window's zone among zones")
+        if self.prewarm and (self.alternative_accelerators or self.ttl_hours is None):
+            raise ValueError("prewarm: fills one slice's cache; give a ttl_hours backstop and no alternative slices")
         return self
 
     @property
@@ -384,7 +391,9 @@ class BootStages(BaseModel):
     ``seconds`` maps ``image``, ``weights``, ``engine`` (container start to health 200) and ``first_token`` (the
     first one-token completion after health) to seconds; the weights' source is ``cached`` (on the boot disk
     already), ``bucket`` (the region's weights cache), ``hub`` (downloaded) or ``mixed``, their size in bytes if
-    known; ``compile_cache`` says whether compiled artefacts were on the disk when the engine started (``warm``).
+    known; ``compile_cache`` says whether compiled artefacts were on the disk when the engine started (``warm``);
+    ``compile_restore`` what the shared compile cache gave before it (``hit``, ``miss``, ``refused``, ``local``,
+    ``off``) and ``compile_fill`` what a prewarm builder put there after its first token.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -393,6 +402,8 @@ class BootStages(BaseModel):
     weights_source: Literal["cached", "bucket", "hub", "mixed"] | None = None
     weights_bytes: int | None = Field(default=None, ge=0)
     compile_cache: Literal["cold", "warm"] | None = None
+    compile_restore: Literal["hit", "miss", "refused", "local", "off"] | None = None
+    compile_fill: Literal["filled", "present", "empty", "denied", "off"] | None = None
 
 
 class BootProgress(BaseModel):

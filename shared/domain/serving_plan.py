@@ -13,6 +13,7 @@ from typing import Any
 
 from shared.domain.capacity import CapacityReport, estimate_capacity, smallest_fitting_slice
 from shared.domain.catalog import AcceleratorSpec, ModelPreset, accelerator, preset
+from shared.domain.compile_cache import compile_key
 from shared.domain.cost import CostEstimate, UnknownPrice, estimate_cost
 from shared.domain.errors import InvalidMessage
 from shared.domain.gke import GkeOptions, render_gke_manifest
@@ -125,6 +126,11 @@ class ServingPlan:
     def plan_hash(self) -> str:
         return plan_hash(self.launch, self.engine.revision or "")
 
+    @property
+    def compile_key(self) -> str:
+        """What this plan compiles on this slice: the shared compile cache's key (shared.domain.compile_cache)."""
+        return compile_key(self.launch, self.engine.revision or "", self.slice.name)
+
     def cheapest(self) -> CostEstimate | None:
         return min(self.costs, key=lambda cost: cost.usd_per_hour, default=None)
 
@@ -156,6 +162,8 @@ class ServingPlan:
                 node_agent_env=agent_env,
                 weights_cache_buckets=self.environment.weights_cache_buckets,
                 weights_cache_cross_region=self.environment.weights_cache_cross_region,
+                compile_cache_key=self.compile_key,
+                prewarm=self.spec.prewarm,
             )
         )
 

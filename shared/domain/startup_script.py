@@ -47,6 +47,7 @@ BOOT_PHASES = (
     "node-agent",
     "compiling",
     "serving",
+    "prewarmed",  # a prewarm builder filled the compile cache and stopped its engine: its deployment is done
     "failed",
 )
 NODE_AGENT_MODULE = "node_agent.agent"
@@ -112,6 +113,8 @@ class StartupScriptInputs:
     container_name: str = "tpuctl-vllm"
     weights_cache_buckets: tuple[tuple[str, str], ...] = ()  # (region, bucket): the VM reads its region's
     weights_cache_cross_region: bool = False
+    compile_cache_key: str = ""  # shared.domain.compile_cache.compile_key of this plan and slice; "" = no cache
+    prewarm: bool = False  # a builder: compile, fill the compile cache, serve nothing (COMPILE_CACHE_ROLE=fill)
 
 
 def _check(field: str, value: str) -> str:
@@ -145,6 +148,12 @@ def _weights_cache_args(inputs: StartupScriptInputs) -> list[str]:
         raise InvalidMessage("weights_cache_buckets", str(exc), "use Terraform's weights_cache_buckets output") from exc
     words = [word for region, bucket in sorted(buckets.items()) for word in ("--cache", f"{region}={bucket}")]
     return [*words, "--cross-region"] if buckets and inputs.weights_cache_cross_region else words
+
+
+def _compile_key(key: str) -> str:
+    if key and not re.fullmatch(r"[0-9a-f]{32}", key):
+        raise InvalidMessage("compile_cache_key", f"{key!r} is not 32 hex digits", "use compile_cache.compile_key")
+    return key
 
 
 def plan_hash(launch: VllmLaunch, model_revision: str) -> str:
@@ -181,6 +190,8 @@ def render_startup_script(inputs: StartupScriptInputs) -> str:
         "SERVING_LISTEN": _quote("serving_listen", f"{launch.host}:{launch.port}"),
         "READY_TIMEOUT_S": _quote("ready_timeout_s", str(launch.ready_timeout_s)),
         "WEIGHTS_MARKER": _quote("weights_marker", marker),
+        "COMPILE_CACHE_KEY": _quote("compile_cache_key", _compile_key(inputs.compile_cache_key)),
+        "COMPILE_CACHE_ROLE": "fill" if inputs.prewarm else "serve",
         "NODE_AGENT_BUNDLE": _quote("node_agent_bundle", inputs.node_agent_bundle),
         "NODE_AGENT_BUNDLE_SHA256": _quote("node_agent_bundle_sha256", inputs.node_agent_bundle_sha256),
         "CONTAINER_HF_CACHE": _quote("hf_cache_dir", launch.hf_cache_dir),

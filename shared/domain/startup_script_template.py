@@ -26,6 +26,8 @@ FIRST_TOKEN_BODY=@@FIRST_TOKEN_BODY@@
 SERVING_LISTEN=@@SERVING_LISTEN@@
 READY_TIMEOUT_S=@@READY_TIMEOUT_S@@
 WEIGHTS_MARKER=@@WEIGHTS_MARKER@@
+COMPILE_CACHE_KEY=@@COMPILE_CACHE_KEY@@
+COMPILE_CACHE_ROLE=@@COMPILE_CACHE_ROLE@@
 NODE_AGENT_BUNDLE=@@NODE_AGENT_BUNDLE@@
 NODE_AGENT_BUNDLE_SHA256=@@NODE_AGENT_BUNDLE_SHA256@@
 CONTAINER_HF_CACHE=@@CONTAINER_HF_CACHE@@
@@ -49,6 +51,7 @@ WEIGHTS_CACHE_ARGS=(
 # ---- end of values ----
 readonly DEPLOYMENT_ID PLAN_HASH IMAGE MODEL MODEL_REVISION HF_TOKEN_SECRET API_KEY_SECRET CONTAINER HEALTH_URL
 readonly FIRST_TOKEN_BODY SERVING_LISTEN READY_TIMEOUT_S WEIGHTS_MARKER NODE_AGENT_BUNDLE NODE_AGENT_BUNDLE_SHA256
+readonly COMPILE_CACHE_KEY COMPILE_CACHE_ROLE
 readonly CONTAINER_HF_CACHE CONTAINER_VLLM_CACHE CONTAINER_KEY_DIR KEY_WRAPPER KEY_WRAPPER_NAME VLLM_ARGV CONTAINER_ENV
 readonly NODE_AGENT_ENV WEIGHTS_CACHE_ARGS
 
@@ -267,6 +270,27 @@ weights_bytes() {
   du -sb -- "${HF_CACHE}/hub/models--${MODEL//\//--}" 2>/dev/null | cut -f 1 || true
 }
 
+# compile_cache restore|fill: node_agent.compile_cache in a short-lived container of the pinned image, with the vLLM
+# cache directory mounted. restore (a serving VM, before its engine starts) unpacks the region's entry for this plan
+# and slice when its archive has the digest its manifest names; fill (a prewarm builder, after its first token)
+# archives what the engine compiled and writes the entry. Only the builder's service account may write compile/, so
+# a serving VM's fill would be refused by Cloud Storage itself. The outcome goes in the boot stages; the cache only
+# ever saves time, so a restore that fails is logged and the boot goes on.
+compile_cache() {
+  local started report="${VLLM_CACHE}/tpuctl-compile-report" outcome
+  started="$(uptime_cs)"
+  rm -f "${report}"
+  docker run --rm --name "${CONTAINER}-compile-cache" --net=host -v "${VLLM_CACHE}:${CONTAINER_VLLM_CACHE}" \
+    -v "${AGENT_DIR}:/opt/tpuctl:ro" --env PYTHONPATH=/opt/tpuctl/lib --entrypoint python3 "${IMAGE}" \
+    -m node_agent.compile_cache "$1" --model "${MODEL}" --key "${COMPILE_CACHE_KEY}" \
+    --cache-dir "${CONTAINER_VLLM_CACHE}" --report "${CONTAINER_VLLM_CACHE}/tpuctl-compile-report" \
+    "${WEIGHTS_CACHE_ARGS[@]}" || log "compile cache ${1}: the container exited $?"
+  outcome="$(cut -d , -f 1 "${report}" 2>/dev/null || true)"
+  COMPILE_OUTCOME="${outcome:-off}"
+  COMPILE_REPORT="$(cat "${report}" 2>/dev/null || true)"
+  stage_done "compile_${1}" "${started}" "${COMPILE_OUTCOME}"
+}
+
 # TPU chips reach vLLM's container as device nodes, not through --privileged: the vfio groups (/dev/vfio/N and the
 # container device /dev/vfio/vfio) where the chips are bound to vfio-pci (v5e, v6e, v5p), /dev/accel* where they use
 # the accel driver. The container has no network, so the TPU runtime's own metadata-server reads (accelerator type,
@@ -323,6 +347,11 @@ if accelerator:
 PY
 }
 
+compiled_on_disk() {
+  [[ -n "$(find "${VLLM_CACHE}/xla_cache" "${VLLM_CACHE}/torch_compile_cache" -mindepth 1 -type f -print -quit \
+    2>/dev/null)" ]]
+}
+
 vllm_healthy() {
   curl -sf -m 5 -o /dev/null --unix-socket "${SOCKET_DIR}/vllm.sock" http://localhost/health
 }
@@ -341,15 +370,22 @@ start_vllm() {
   fi
   docker rm -f "${CONTAINER}" >/dev/null 2>&1 || true
   install -d -m 0700 "${SOCKET_DIR}"
+  # The compile cache as the engine finds it: warm when compiled artefacts are on this disk (xla_cache:
+  # VLLM_XLA_CACHE_PATH, the JAX cache on a TPU; torch_compile_cache: Inductor's, on a CPU), left by an earlier start
+  # or restored from the region's shared compile cache just before, else cold. A disk that has them reads no bucket.
+  COMPILE_CACHE=cold
+  if compiled_on_disk; then
+    COMPILE_CACHE=warm
+    stage_done compile_restore "$(uptime_cs)" local
+  elif [[ "${COMPILE_CACHE_ROLE}" == serve && -n "${COMPILE_CACHE_KEY}" && "${#WEIGHTS_CACHE_ARGS[@]}" -gt 0 ]]; then
+    progress starting "restoring the compile cache"
+    compile_cache restore
+    if compiled_on_disk; then
+      COMPILE_CACHE=warm
+    fi
+  fi
   tpu_flags
   progress starting "container (${TPU_DEVICES} TPU device nodes)"
-  # The compile cache as the engine finds it: warm when an earlier start on this disk left compiled artefacts
-  # (xla_cache: VLLM_XLA_CACHE_PATH, the JAX cache on a TPU; torch_compile_cache: Inductor's, on a CPU), else cold.
-  COMPILE_CACHE=cold
-  if [[ -n "$(find "${VLLM_CACHE}/xla_cache" "${VLLM_CACHE}/torch_compile_cache" -mindepth 1 -type f -print \
-    -quit 2>/dev/null)" ]]; then
-    COMPILE_CACHE=warm
-  fi
   ENGINE_STARTED="$(uptime_cs)"  # the engine stage: this container's start until /health answers 200
   docker run -d --name "${CONTAINER}" \
     --label "tpuctl.deployment=${DEPLOYMENT_ID}" --label "tpuctl.plan-hash=${PLAN_HASH}" \
@@ -449,15 +485,21 @@ first_token() {
   rm -f "${header}"
 }
 
-wait_until_serving() {
+proxy_healthy() {
+  curl -sf -m 5 -o /dev/null "${HEALTH_URL}"
+}
+
+# wait_until_healthy CHECK: until CHECK (proxy_healthy, or vllm_healthy where no proxy runs) passes; then the engine
+# stage and the first token. HEALTHY_AFTER: seconds waited.
+wait_until_healthy() {
   local waited=0 seen="" state
   while ((waited < READY_TIMEOUT_S)); do
-    if curl -sf -m 5 -o /dev/null "${HEALTH_URL}"; then
+    if "$1"; then
       if [[ -n "${ENGINE_STARTED:-}" ]]; then
         stage_done engine "${ENGINE_STARTED}" "${COMPILE_CACHE}"
         first_token
       fi
-      progress serving "health 200 after ${waited}s"
+      HEALTHY_AFTER="${waited}"
       return 0
     fi
     state="$(docker inspect --format '{{.State.Status}} restarts={{.RestartCount}}' "${CONTAINER}" \
@@ -471,6 +513,29 @@ wait_until_serving() {
   done
   progress failed "no health 200 after ${READY_TIMEOUT_S}s"
   return 1
+}
+
+wait_until_serving() {
+  wait_until_healthy proxy_healthy || return 1
+  progress serving "health 200 after ${HEALTHY_AFTER}s"
+}
+
+# A prewarm builder (tpuctl prewarm) serves nothing: no proxy and no node agent, so nothing listens and no prompt
+# ever reaches it. Once its engine compiled and answered one token on its socket, it fills the compile cache, stops
+# the engine and says prewarmed; the controller then deletes the deployment.
+prewarm() {
+  local outcome size sha256
+  wait_until_healthy vllm_healthy || return 1
+  progress compiling "filling the compile cache"
+  compile_cache fill
+  docker rm -f "${CONTAINER}" >/dev/null 2>&1 || true
+  IFS=, read -r outcome size sha256 <<<"${COMPILE_REPORT}" || true
+  case "${COMPILE_OUTCOME}" in
+    filled | present) progress prewarmed "compile cache ${outcome} (${size} bytes, sha256 ${sha256:0:12})" ;;
+    empty) fail "compile cache fill: the engine compiled nothing to keep (is --enforce-eager set?)" ;;
+    denied) fail "compile cache fill: denied (run prewarm under Terraform's tpu_builder_service_account)" ;;
+    *) fail "compile cache fill: ${COMPILE_OUTCOME} (see the boot log)" ;;
+  esac
 }
 
 main() {
@@ -492,6 +557,10 @@ main() {
   install_node_agent
   download_weights
   start_vllm
+  if [[ "${COMPILE_CACHE_ROLE}" == fill ]]; then
+    prewarm
+    return 0
+  fi
   start_serving_proxy
   start_node_agent
   wait_until_serving

@@ -47,7 +47,6 @@ a redelivered tick changes nothing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import uuid
@@ -96,6 +95,7 @@ from shared.domain.models import (
     QueuedResourceState,
     ResourceRef,
 )
+from shared.domain.prewarm import builder_finished
 from shared.domain.saturation import HEADROOM_SLI, max_running, measure, saturation_finding
 from shared.domain.sli_metrics import points_for
 from shared.domain.slice_ladder import served_spec
@@ -114,7 +114,15 @@ from shared.messages import (
 )
 from shared.ports import Clock, CommandBus, MetricWriter, ServingProbe, StateStore, TpuApi
 from shared.services.deployment_trace import deployment_work
-from shared.services.monitor_types import DeploymentReport, MonitorSettings, TickReport
+from shared.services.monitor_types import (
+    DeploymentReport,
+    MonitorSettings,
+    TickReport,
+    activity_write_s,
+    history_window_s,
+    id_hash,
+    refresh_after_s,
+)
 
 __all__ = ["DeploymentReport", "Monitor", "MonitorSettings", "TickReport"]
 
@@ -221,7 +229,7 @@ class Monitor:
                 continue
             if not _monitored(record):
                 continue
-            window = _history_window_s(record)
+            window = history_window_s(record)
             history = self.store.list_samples(
                 record.deployment_id, since=now - timedelta(seconds=window), limit=self.settings.history_limit
             )
@@ -325,10 +333,12 @@ class Monitor:
         boot, failure = _boot_update(item, now)
         if failure is not None:
             return _fail_boot(decision, boot, failure, now)
+        if record.spec.prewarm:  # a builder serves nothing: never healed; it ends with its delete (domain.prewarm)
+            return _builder_decision(decision, boot, now)
 
-        activity_write_s = _activity_write_s(record, self.settings)
+        write_s = activity_write_s(record, self.settings)
         active = item.traffic
-        new_status = _next_status(record, assessment, active, slis, now, activity_write_s)
+        new_status = _next_status(record, assessment, active, slis, now, write_s)
         new_status["slis"] = {**carried_canary_slis(status.slis), **new_status["slis"]}
         serving_since, last_request_at = new_status["serving_since"], new_status["last_request_at"]
         node_states = [ref.node_state for ref in record.status.resources]
@@ -339,7 +349,7 @@ class Monitor:
             new_status=new_status,
             action=healing_action(assessment.phase, assessment.since, now, record.spec.health, node_states),
             active=active,
-            activity_write_s=activity_write_s,
+            activity_write_s=write_s,
         )
         for rule in _HEALING_RULES:
             if rule(verdict):  # first match wins
@@ -348,7 +358,7 @@ class Monitor:
         wanted = decision.report.phase is not status.phase or bool(decision.events) or item.canary is not None
         wanted = wanted or serving_since != status.serving_since or last_request_at != status.last_request_at
         as_of = status.slis.get("as_of_epoch_s")
-        if as_of is None or now.timestamp() - as_of >= _refresh_after_s(record.deployment_id, self.settings):
+        if as_of is None or now.timestamp() - as_of >= refresh_after_s(record.deployment_id, self.settings):
             wanted = True
         if boot is not None:
             new_status["boot"] = boot
@@ -510,18 +520,13 @@ def _spread_telemetry_reads(work: Sequence[_Work], now: datetime, cap: int) -> N
     period = math.ceil(len(serving) / cap)
     turn = int(now.timestamp() // 60) % period
     for item in serving:
-        if _id_hash(item.record.deployment_id) % period != turn:
+        if id_hash(item.record.deployment_id) % period != turn:
             item.node = None
 
 
 def _first_boot(record: DeploymentRecord) -> bool:
     """The node is up but the deployment never served: its guest attributes carry boot progress."""
     return record.status.phase in _BOOT_READ_PHASES and record.status.serving_since is None
-
-
-def _id_hash(deployment_id: str) -> int:
-    """A fixed 32-bit number per deployment, to spread per-deployment work over time."""
-    return int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16)
 
 
 def _attribute_node(record: DeploymentRecord) -> ResourceRef | None:
@@ -570,6 +575,25 @@ def _fail_boot(decision: _Decision, boot: BootProgress | None, failure: str, now
             purpose="reconcile",
         )
     )
+    return decision
+
+
+def _builder_decision(decision: _Decision, boot: BootProgress | None, now: datetime) -> _Decision:
+    """A prewarm builder's tick: its boot progress kept, its phase unchanged, and once the record holds its
+    ``prewarmed`` (stored on the tick that read it, so the deleted record says how it ended) the deployment's delete,
+    its id fixed by when the builder said it: a repeated tick publishes the same command."""
+    record = decision.record
+    decision.report.phase = decision.sample.phase = record.status.phase
+    decision.new_status = {"boot": boot} if boot is not None else None
+    if builder_finished(record) and record.status.boot is not None:
+        decision.events.append(
+            DeleteDeployment(
+                command_id=_command_id(record, "prewarmed", record.status.boot.stage_since),
+                issued_at=now,
+                deployment_id=record.deployment_id,
+                expected_generation=record.generation,
+            )
+        )
     return decision
 
 
@@ -738,25 +762,6 @@ def _monitored(record: DeploymentRecord) -> bool:
     return (
         record.desired is Desired.PRESENT and record.status.phase in MONITORED_PHASES and bool(record.status.endpoint)
     )
-
-
-def _history_window_s(record: DeploymentRecord) -> float:
-    thresholds = record.spec.health
-    return max(thresholds.stall_after_s, thresholds.kv_saturated_after_s, thresholds.queued_after_s) + 600.0
-
-
-def _activity_write_s(record: DeploymentRecord, settings: MonitorSettings) -> float:
-    """How stale ``last_request_at`` may get under traffic: a quarter of the idle window, at most the refresh."""
-    if not record.spec.idle_minutes:
-        return settings.record_refresh_s
-    return min(settings.record_refresh_s, record.spec.idle_minutes * 60 / 4)
-
-
-def _refresh_after_s(deployment_id: str, settings: MonitorSettings) -> float:
-    """``record_refresh_s`` stretched by a fixed per-deployment share (up to 2x), so a fleet that changed phase
-    together does not rewrite every record in the same later tick."""
-    share = _id_hash(deployment_id) / 2**32
-    return settings.record_refresh_s * (1.0 + share)
 
 
 def _slis(result: ProbeResult, interval: IntervalStats | None) -> dict[str, float]:

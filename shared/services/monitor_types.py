@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from shared.domain.models import Phase
+from shared.domain.models import DeploymentRecord, Phase
 
-__all__ = ["DeploymentReport", "MonitorSettings", "TickReport"]
+__all__ = [
+    "DeploymentReport",
+    "MonitorSettings",
+    "TickReport",
+    "activity_write_s",
+    "history_window_s",
+    "id_hash",
+    "refresh_after_s",
+]
 
 
 @dataclass(frozen=True)
@@ -108,3 +117,27 @@ class TickReport:
             f"{len(self.published)} message(s) published in {self.duration_s:.2f} s"
             + (f"; {changes}" if changes else "")
         )
+
+
+def id_hash(deployment_id: str) -> int:
+    """A fixed 32-bit number per deployment, to spread per-deployment work over time."""
+    return int(hashlib.sha256(deployment_id.encode()).hexdigest()[:8], 16)
+
+
+def history_window_s(record: DeploymentRecord) -> float:
+    thresholds = record.spec.health
+    return max(thresholds.stall_after_s, thresholds.kv_saturated_after_s, thresholds.queued_after_s) + 600.0
+
+
+def activity_write_s(record: DeploymentRecord, settings: MonitorSettings) -> float:
+    """How stale ``last_request_at`` may get under traffic: a quarter of the idle window, at most the refresh."""
+    if not record.spec.idle_minutes:
+        return settings.record_refresh_s
+    return min(settings.record_refresh_s, record.spec.idle_minutes * 60 / 4)
+
+
+def refresh_after_s(deployment_id: str, settings: MonitorSettings) -> float:
+    """``record_refresh_s`` stretched by a fixed per-deployment share (up to 2x), so a fleet that changed phase
+    together does not rewrite every record in the same later tick."""
+    share = id_hash(deployment_id) / 2**32
+    return settings.record_refresh_s * (1.0 + share)

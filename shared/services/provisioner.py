@@ -179,6 +179,11 @@ class Provisioner:
         """Store a new deployment (generation 1), or a new generation of a deleted one; then nudge."""
         spec: DeploymentSpec = message.spec
         deployment_id = message.deployment_id
+        if spec.prewarm and not self._settings.builder_service_account:
+            raise PermanentError(
+                "prewarm: no builder service account here; set TPUCTL_BUILDER_SERVICE_ACCOUNT to Terraform's output "
+                "tpu_builder_service_account (only that account may write the compile cache)"
+            )
 
         def change(existing: DeploymentRecord | None, now: datetime) -> DeploymentRecord | None:
             if existing is None:
@@ -220,6 +225,11 @@ class Provisioner:
         ends or how it is judged alone (``shared.domain.spec_change``) applies to the running generation."""
         spec: DeploymentSpec = message.spec
         deployment_id = message.deployment_id
+        if spec.prewarm and not self._settings.builder_service_account:
+            raise PermanentError(
+                "prewarm: no builder service account here; set TPUCTL_BUILDER_SERVICE_ACCOUNT to Terraform's output "
+                "tpu_builder_service_account (only that account may write the compile cache)"
+            )
         expected = message.expected_generation
         in_place = False
 
@@ -628,7 +638,7 @@ class Provisioner:
         if not self._take_token(now):
             return None  # stays an unconfirmed expectation; re-sent when tokens come back
         try:
-            request = self._with_node_metadata(record.deployment_id, request)
+            request = self._with_node_metadata(record, request)
         except ControllerError as exc:  # the event key could not be made: the create waits for the next tick
             log.warning("node metadata of %s not made (%s); its create waits for the next tick", request.node_id, exc)
             result.failures.append(f"node-metadata:{type(exc).__name__}")
@@ -650,10 +660,15 @@ class Provisioner:
         result.created.append(request.resource_id)
         return None
 
-    def _with_node_metadata(self, deployment_id: str, request: ProvisionRequest) -> ProvisionRequest:
-        """The request with its node metadata made at send time (the event key; this pass's span, the boot's parent)."""
+    def _with_node_metadata(self, record: DeploymentRecord, request: ProvisionRequest) -> ProvisionRequest:
+        """The request with its node metadata made at send time (the event key; this pass's span, the boot's parent),
+        run as the builder account when it is a prewarm (the only account that may write the compile cache)."""
+        deployment_id = record.deployment_id
         made = {**(self._node_metadata(deployment_id) if self._node_metadata else {}), **node_trace_metadata()}
-        return request.model_copy(update={"metadata": {**request.metadata, **made}})
+        update: dict[str, Any] = {"metadata": {**request.metadata, **made}}
+        if record.spec.prewarm:
+            update["service_account"] = self._settings.builder_service_account
+        return request.model_copy(update=update)
 
     def _create_refused(
         self, record: DeploymentRecord, action: CreateQueuedResource, exc: CloudError, result: ReconcileResult

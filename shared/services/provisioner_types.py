@@ -49,6 +49,8 @@ class ProvisionerSettings:
     """The Scheduler job that publishes reconcile ticks; paused when nothing is live."""
     probe: ProbePolicy | None = None
     """Spot probes of waiting requests (shared.domain.spot_probe); None: no probes."""
+    builder_service_account: str | None = None
+    """The account prewarm builders run as, the only one that may write the compile cache; None: no prewarm."""
 
 
 @dataclass

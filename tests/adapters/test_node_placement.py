@@ -121,6 +121,9 @@ def test_settings_build_the_placement_from_terraform_outputs() -> None:
         ({"node_tags": "Not A Tag"}, "TPUCTL_NODE_TAGS"),
         ({"node_service_account": "root"}, "TPUCTL_NODE_SERVICE_ACCOUNT"),
         ({"node_network": "bad network!"}, "TPUCTL_NODE_NETWORK"),
+        ({"builder_service_account": "root"}, "TPUCTL_BUILDER_SERVICE_ACCOUNT"),
+        # The prewarm builder writes the compile cache: it is never the serving VMs' account.
+        ({"builder_service_account": ACCOUNT, "node_service_account": ACCOUNT}, "TPUCTL_BUILDER_SERVICE_ACCOUNT"),
     ],
 )
 def test_a_malformed_setting_names_its_variable(fields: dict[str, str], variable: str) -> None:

@@ -29,11 +29,9 @@ import pytest
 
 from benchmarks.startup import reported_stages
 from localcloud.demo import DemoSpec, LocalDemo
-from localcloud.emulators import EMULATORS, find_emulator
-from localcloud.runner import LocalCloud, LocalCloudOptions
-from localcloud.vllm_cpu import VllmCpuTier, default_cache_dir
+from localcloud.runner import LocalCloud
 from localcloud.vm_twin.tpu_device import write_devices
-from localcloud.vm_twin.vm import TwinVm, unshare_available
+from localcloud.vm_twin.vm import TwinVm
 from mcp_client_gateway.composition import build_ports
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.models import LogsView
@@ -42,6 +40,7 @@ from shared.domain.models import NodeTask, Phase, RejectedMessage
 from shared.domain.serving_key import deployment_api_key
 from shared.domain.sli_metrics import METRIC_PREFIX
 from shared.messages import NodeBooted, RestartServing, encode_message, message_attributes, new_command_id
+from tests.support.production_twin import production_twin
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.emulator]
 
@@ -60,23 +59,12 @@ STEP_TIMEOUT_S = 240.0
 
 @pytest.fixture
 def twin(tmp_path: Path) -> Iterator[tuple[LocalCloud, LocalDemo]]:
-    missing = [found for kind in EMULATORS if isinstance(found := find_emulator(kind), str)]
-    tier = VllmCpuTier(default_cache_dir())
-    reason = "; ".join(missing) or tier.unavailable_reason() or unshare_available()
-    if reason:
-        pytest.skip(f"the production-path twin cannot run here: {reason}")
-    cloud = LocalCloud(
-        LocalCloudOptions(data_dir=tmp_path / "cloud", cache_dir=tier.cache_dir, time_scale=60.0, gcp=True)
-    )
     transcript: list[str] = []
     try:
-        cloud.start()
-        demo = LocalDemo(cloud, GatewayCore(build_ports(cloud.settings)), SPEC, emit=transcript.append)
-        yield cloud, demo
+        with production_twin(tmp_path / "cloud") as cloud:
+            yield cloud, LocalDemo(cloud, GatewayCore(build_ports(cloud.settings)), SPEC, emit=transcript.append)
     finally:
-        report = cloud.stop()
         print("\n".join(transcript))
-    assert report.survivors == ()
 
 
 def demo_endpoint(cloud: LocalCloud) -> str:
@@ -156,9 +144,11 @@ def _every_boot_stage_is_timed_on_the_record(cloud: LocalCloud, demo: LocalDemo)
         if stages is not None and "first_token" in stages.seconds:
             break
         time.sleep(1)
-    assert stages is not None and set(stages.seconds) == {"image", "weights", "engine", "first_token"}, stages
+    expected = {"image", "weights", "compile_restore", "engine", "first_token"}
+    assert stages is not None and set(stages.seconds) == expected, stages
     assert stages.weights_source == "hub" and stages.seconds["engine"] > 0, stages  # a first boot: an empty cache
     assert stages.compile_cache == "cold" and stages.seconds["first_token"] > 0, stages  # and an empty disk
+    assert stages.compile_restore == "miss", stages  # nothing prewarmed this plan: the shared cache has no entry
     assert all(0 <= seconds < STEP_TIMEOUT_S for seconds in stages.seconds.values()), stages
     assert stages.weights_bytes is None or stages.weights_bytes >= 0
     gateway = demo.gateway

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 
 from mcp_client_gateway.core import GatewayCore, GatewayPorts
 from mcp_client_gateway.server import build_server, served_tools
@@ -161,6 +162,17 @@ def seed_monitor_restart(world: GatewayWorld, now: datetime) -> str:
         )
     )
     return restart_id
+
+
+async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **client: Any) -> Any:
+    """One tool call over a real MCP session (``client``: the session's options, e.g. an elicitation callback)."""
+    async with Client(world.server(), **client) as session:
+        return await session.call_tool(tool, arguments)
+
+
+def text(result: Any) -> str:
+    """The text blocks of a tool result, joined."""
+    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 @pytest.fixture

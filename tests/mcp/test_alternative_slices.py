@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import pytest
-from mcp import Client
 
 from mcp_client_gateway.cli import run
 from shared.domain.models import QueuedResourceState, ResourceRef, Tier
 from shared.messages import CreateDeployment
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, call, text
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
-    async with Client(world.server()) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 class TestPlanAndCreate:

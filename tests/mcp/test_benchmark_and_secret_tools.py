@@ -6,24 +6,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from mcp import Client
 from mcp.types import ElicitResult
 
 from shared.domain.models import BenchmarkRun, Phase
 from shared.domain.throughput_bound import judge_throughput
 from shared.messages import RunBenchmark, new_command_id
-from tests.mcp.conftest import HF_TOKEN, GatewayWorld, refusal_confirmation
+from tests.mcp.conftest import HF_TOKEN, GatewayWorld, call, refusal_confirmation, text
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **client: Any) -> Any:
-    async with Client(world.server(), **client) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 def run_record(

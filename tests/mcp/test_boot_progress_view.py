@@ -96,9 +96,24 @@ async def test_the_dashboard_and_tpuctl_status_show_the_boot_stage_times(world: 
         "weights_source": "hub",
         "weights_bytes": 62579490816,
         "compile_cache": "cold",
+        "compile_restore": None,
+        "compile_fill": None,
         "text": "image 84 s, weights 337 s (hub, 58.3 GiB), engine 428 s (compile cache cold), first token 4 s",
     }
     stdout, stderr = io.StringIO(), io.StringIO()
     assert run(["status", "gemma-a"], ports=world.ports, stdout=stdout, stderr=stderr) == EXIT_OK
     shown = stdout.getvalue()
     assert "boot stages" in shown and "engine 428 s (compile cache cold), first token 4 s" in shown
+
+
+async def test_a_boot_that_restored_the_shared_compile_cache_says_so(world: GatewayWorld) -> None:
+    restored = BootStages(
+        seconds={"image": 0.2, "weights": 0.9, "compile_restore": 0.9, "engine": 74.8, "first_token": 0.03},
+        weights_source="bucket",
+        compile_cache="warm",
+        compile_restore="hit",
+    )
+    with_boot(world, Phase.SERVING, "serving", "health 200 after 80s", stages=restored)
+    stages = (await get(world))["boot"]["stages"]
+    assert (stages["compile_restore"], stages["compile_cache"], stages["compile_fill"]) == ("hit", "warm", None)
+    assert "compile restore 1 s (hit), engine 75 s (compile cache warm)" in stages["text"]

@@ -22,18 +22,9 @@ from shared.messages import (
     StopDeployment,
     new_command_id,
 )
-from tests.mcp.conftest import GatewayWorld, refusal_confirmation
+from tests.mcp.conftest import GatewayWorld, call, refusal_confirmation, text
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **client: Any) -> Any:
-    async with Client(world.server(), **client) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 def answering(action: str, content: dict[str, Any] | None = None) -> Any:

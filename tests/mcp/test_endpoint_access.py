@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from mcp import Client
 from pydantic import ValidationError
 
 from mcp_client_gateway.cli import EXIT_OK, EXIT_REFUSED, build_parser, run
@@ -23,7 +22,7 @@ from shared.adapters.iap_tunnel import IapTunnels, tpu_vm_instance
 from shared.config import Settings
 from shared.domain.serving_key import deployment_api_key
 from shared.ports import TpuApi
-from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
+from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld, call, text
 from tests.support.fake_gcloud import FakeGcloud, FakeTpuGuestAttributes, install_fake_gcloud, wait_gone
 from tests.support.openai_stub import StubConfig, StubServer, serve_openai_stub
 
@@ -72,15 +71,6 @@ def tunnelled(world: GatewayWorld, gcloud: FakeGcloud, vllm: StubServer) -> Iter
     yield tunnels
     world.ports.close()
     world.ports.endpoint_access = None
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
-    async with Client(world.server()) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 def tpuctl(world: GatewayWorld, *argv: str) -> tuple[int, str, str]:

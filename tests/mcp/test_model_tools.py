@@ -7,25 +7,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from mcp import Client
 
 from shared.domain.models import MonitorSample, Phase
 from shared.domain.serving_key import deployment_api_key
-from tests.mcp.conftest import API_KEY, GatewayWorld
+from tests.mcp.conftest import API_KEY, GatewayWorld, call, text
 from tests.support.openai_stub import StubConfig, serve_openai_stub
 
 SERVING_KEY = deployment_api_key(API_KEY, "gemma-a")  # gemma-a's own key, derived from the stored master
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
-    async with Client(world.server()) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 def write_log(world: GatewayWorld, name: str, lines: list[dict[str, Any] | str]) -> None:

@@ -25,7 +25,7 @@ from shared.domain.models import NodeTask, Phase
 from shared.messages import NodeTaskCompleted, RestartServing, TailServingLogs, decode_message, new_command_id
 from shared.ports import Delivery
 from shared.services.node_tasks import NodeTasks, NodeTaskSettings
-from tests.mcp.conftest import GatewayWorld, refusal_confirmation
+from tests.mcp.conftest import GatewayWorld, refusal_confirmation, text
 
 pytestmark = pytest.mark.anyio
 
@@ -104,10 +104,6 @@ def node_running(cloud: Cloud) -> Iterator[Cloud]:
 async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **kwargs: Any) -> Any:
     async with Client(world.server(**kwargs)) as session:
         return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 class TestSchema:

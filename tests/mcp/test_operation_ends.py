@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.domain.models import CommandRecord, Desired, Phase
+from shared.domain.models import BootProgress, CommandRecord, Desired, Phase
 from tests.mcp.conftest import GatewayWorld
 
 COMMAND = "11111111-1111-4111-8111-111111111111"
@@ -74,3 +74,21 @@ def test_a_pending_create_still_polls_and_a_delete_still_finishes(world: Gateway
     world.seed("gemma-a", phase=Phase.SERVING)
     served = world.core.get_operation(COMMAND)
     assert served.done is True and served.superseded is False
+
+
+def test_a_prewarm_create_ends_done_once_its_builder_said_prewarmed_not_superseded(world: GatewayWorld) -> None:
+    applied(world, "deployment.create")
+    record = world.seed("gemma-a", phase=Phase.BOOTING)
+    now = world.core.ports.clock.now()
+    spec = record.spec.model_copy(update={"prewarm": True, "ttl_hours": 2.0})
+    compiling = BootProgress(node="gemma-a-g1-a1", stage="compiling", detail="", boot=1, stage_since=now, seen_at=now)
+    record = record.model_copy(update={"spec": spec, "status": record.status.model_copy(update={"boot": compiling})})
+    world.store.put_deployment(record, expected_version=record.version)
+    assert world.core.get_operation(COMMAND).done is False  # still compiling
+    record = world.store.get_deployment("gemma-a")
+    assert record is not None
+    done = compiling.model_copy(update={"stage": "prewarmed"})
+    status = record.status.model_copy(update={"boot": done, "phase": Phase.DELETED})
+    world.store.put_deployment(record.model_copy(update={"status": status}), expected_version=record.version)
+    view = world.core.get_operation(COMMAND)
+    assert view.done is True and view.superseded is False and view.stage.startswith("Prewarmed: the compile cache")

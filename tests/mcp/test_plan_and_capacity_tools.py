@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
-from mcp import Client
 
 from shared.domain.models import Tier, ZoneMemoryEntry
-from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld
+from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld, call, text
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
-    async with Client(world.server()) as session:
-        return await session.call_tool(tool, arguments)
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 class TestPlan:

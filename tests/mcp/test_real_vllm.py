@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from mcp import Client
 
-from tests.mcp.conftest import GatewayWorld
+from tests.mcp.conftest import GatewayWorld, call
 from tests.support.fixtures_vllm import VllmSession
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
-
-
-async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any]) -> Any:
-    async with Client(world.server()) as session:
-        return await session.call_tool(tool, arguments)
 
 
 async def test_query_and_health_against_a_real_server(world: GatewayWorld, vllm_server: VllmSession) -> None:

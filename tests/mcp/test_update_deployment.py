@@ -28,7 +28,7 @@ from shared.domain.errors import PermanentError
 from shared.domain.models import CommandRecord, DeploymentRecord, Desired, Phase, QueuedResourceState, Tier
 from shared.messages import UpdateDeployment, decode_message
 from shared.ports import Delivery
-from tests.mcp.conftest import GatewayWorld, refusal_confirmation
+from tests.mcp.conftest import GatewayWorld, refusal_confirmation, text
 from tests.support.fixtures_provisioner import HarnessFactory, spot, world
 from tests.support.provisioner_harness import Harness
 
@@ -42,10 +42,6 @@ ZONES = (CHEAP, EUROPE)
 async def call(world: GatewayWorld, arguments: dict[str, Any], **client: Any) -> Any:
     async with Client(world.server(), **client) as session:
         return await session.call_tool("tpu_update_deployment", {"deployment_id": "gemma-a", **arguments})
-
-
-def text(result: Any) -> str:
-    return " ".join(block.text for block in result.content if hasattr(block, "text"))
 
 
 def with_spec(world: GatewayWorld, record: DeploymentRecord, **fields: Any) -> DeploymentRecord:

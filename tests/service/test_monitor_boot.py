@@ -7,76 +7,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from shared.adapters.local_bus import LocalBus
-from shared.adapters.vllm_probe import VllmProbe
-from shared.domain.models import BootStages, DeploymentRecord, Phase, QueuedResourceState, ResourceRef
-from shared.messages import PhaseChanged, ReconcileTick, decode_message
-from shared.ports import Delivery
-from shared.services.monitor import Monitor, MonitorSettings, TickReport
+from shared.domain.models import BootStages, Phase
+from shared.messages import PhaseChanged, ReconcileTick
 from tests.support.emulators import free_loopback_port
 from tests.support.fixtures_provisioner import HarnessFactory, spot, world
-from tests.support.provisioner_harness import Harness, make_spec
+from tests.support.monitor_booting import Booting, start_booting
+from tests.support.provisioner_harness import make_spec
 
-TOPICS = {"commands": "tpuctl-commands", "events": "tpuctl-events", "ticks": "tpuctl-ticks"}
 ZONE = "us-east5-b"
 SCENARIO = world({ZONE: spot(8), "europe-west4-a": spot(0)}, timings={"delete_s": [30, 30]})
 BAD_TOKEN = "401 Client Error: Unauthorized for url: https://huggingface.co/api/models/google/gemma-4 (bad token)"
 
 
-@dataclass
-class Booting:
-    """A deployment whose slice is ACTIVE and whose vLLM does not answer yet, with a monitor on the same world."""
-
-    h: Harness
-    bus: LocalBus
-    monitor: Monitor
-    node: ResourceRef
-
-    def write(self, phase: str, detail: str, boot: str = "1767355200000") -> None:
-        for key, value in (("detail", detail), ("phase", phase), ("boot", boot)):
-            self.h.world.put_guest_attribute(ZONE, self.node.name, "tpuctl", key, value)
-
-    def tick(self, advance_s: float = 60.0) -> TickReport:
-        self.h.world.advance(advance_s)
-        return self.monitor.tick()
-
-    def record(self) -> DeploymentRecord:
-        return self.h.record()
-
-    def published(self, topic: str) -> list[Any]:
-        got: list[Any] = []
-
-        def keep(delivery: Delivery) -> None:
-            got.append(decode_message(delivery.data))
-
-        self.bus.drain(f"{topic}-probe", keep)
-        return got
-
-
 @pytest.fixture
 def booting(harness_factory: HarnessFactory, tmp_path: Path) -> Iterator[Booting]:
-    h = harness_factory(SCENARIO)
-    h.create(zones=(ZONE,))
-    h.run_until_phase(Phase.BOOTING, minutes=30)
-    node = next(r for r in h.record().status.resources if r.state is QueuedResourceState.ACTIVE)
-    h.world.set_node_endpoint(ZONE, node.name, "127.0.0.1", free_loopback_port())  # refused: still booting
-    h.tick()
-    bus = LocalBus(tmp_path / "bus.db", clock=h.clock)
-    for logical, topic in TOPICS.items():
-        bus.ensure_topic(topic)
-        bus.ensure_subscription(topic, f"{logical}-probe")
-    settings = MonitorSettings(
-        topic_commands=TOPICS["commands"], topic_events=TOPICS["events"], topic_ticks=TOPICS["ticks"]
-    )
-    probe = VllmProbe(timeout_s=1.0, connect_timeout_s=0.5)
-    yield Booting(h, bus, Monitor(h.store, probe, bus, h.clock, settings, tpu=h.tpu), node)
-    bus.close()
+    made = start_booting(harness_factory(SCENARIO), tmp_path, make_spec(zones=(ZONE,)))
+    yield made
+    made.bus.close()
 
 
 def test_the_stages_the_script_reports_show_on_the_record(booting: Booting) -> None:

@@ -490,8 +490,12 @@ def test_each_component_holds_exactly_the_roles_issue_9_lists(
     secrets = env.modules["secrets"]["secrets"]
     assert set(secrets) == {"hf_token", "vllm_api_key", "event_key"}
     hf_readers = secrets["hf_token"]["accessors"]
-    # By default only the VM reads the Hugging Face token; the gateway may, when an operator opts in.
-    assert hf_readers == "${merge({tpu_vm = module.identities.tpu_vm_member}, local.gateway_hf_token_managers)}"
+    # By default only the VMs (serving and prewarm builder) read the Hugging Face token; the gateway may, when an
+    # operator opts in.
+    assert hf_readers == (
+        "${merge({tpu_vm = module.identities.tpu_vm_member, tpu_builder = module.identities.tpu_builder_member}, "
+        "local.gateway_hf_token_managers)}"
+    )
     assert env.locals["gateway_hf_token_managers"].startswith("${var.gateway_manages_hf_token ?")
     assert env.variables["gateway_manages_hf_token"]["default"] is False
     assert "tpu_vm = module.identities.tpu_vm_member" in secrets["vllm_api_key"]["accessors"]
@@ -565,6 +569,8 @@ def test_tpu_vms_are_placed_with_the_node_identity_network_and_firewall_tag(env:
     assert environment["TPUCTL_NODE_NETWORK"] == "${var.network}"
     assert environment["TPUCTL_NODE_TAGS"] == "${module.network.node_tag}"
     assert environment["TPUCTL_NODE_EXTERNAL_IPS"] == "false"  # the network module's Cloud NAT does egress
+    # Prewarm builder VMs run as their own account, the one that may write the compile cache.
+    assert environment["TPUCTL_BUILDER_SERVICE_ACCOUNT"] == "${module.identities.tpu_builder_email}"
 
 
 def test_every_function_gets_the_uploaded_node_agent_bundle_and_its_digest(

@@ -1,7 +1,8 @@
 """The regional weights cache in Terraform, offline over the python-hcl2 parse (no terraform binary here).
 
 One Standard bucket per region of ``weights_cache_regions``: regional, private, a cache (objects expire, no soft
-delete, abandoned multipart uploads aborted); the TPU VM account may use it (objectUser), the provision function may
+delete, abandoned multipart uploads aborted); the TPU VM account may use weights/ (objectUser) and read compile/, the
+prewarm builder may use both (test_compile_cache_iam.py), the provision function may
 read it (objectViewer), nobody else is granted anything on it; the functions get the buckets and the cross-region
 switch in the form shared/config.py reads them. Variable validations are checked by evaluating the condition
 Terraform would, after pinning its exact text, so a changed condition fails here first.
@@ -141,15 +142,25 @@ def test_the_vm_may_use_the_caches_the_provisioner_and_gateway_read_them_and_no_
     assert sorted(on_cache) == [
         ("envs/default", "google_storage_bucket_iam_member", "provision_weights_cache_reader"),
         ("modules/identities", "google_storage_bucket_iam_member", "gateway_weights_cache_reader"),
+        ("modules/identities", "google_storage_bucket_iam_member", "tpu_builder_compile_cache_writer"),
+        ("modules/identities", "google_storage_bucket_iam_member", "tpu_builder_weights_cache_user"),
+        ("modules/identities", "google_storage_bucket_iam_member", "tpu_vm_compile_cache_reader"),
         ("modules/identities", "google_storage_bucket_iam_member", "tpu_vm_weights_cache_user"),
     ]
-    # The VM's grant and the gateway's read are the only uses of the module variable (no other role on them).
+    # The VMs' grants (test_compile_cache_iam.py checks the compile/ ones) and the gateway's read are the only uses
+    # of the module variable (no other role on them).
     uses = {
         name
         for (type_name, name), body in identities.resources.items()
         if any(r.kind == "var" and r.target[0] == "weights_cache_buckets" for r in find_references({name: body}))
     }
-    assert uses == {"tpu_vm_weights_cache_user", "gateway_weights_cache_reader"}, uses
+    assert uses == {
+        "tpu_vm_weights_cache_user",
+        "tpu_vm_compile_cache_reader",
+        "tpu_builder_weights_cache_user",
+        "tpu_builder_compile_cache_writer",
+        "gateway_weights_cache_reader",
+    }, uses
     # No other module call receives the buckets themselves (the functions get their names as settings only).
     for call, args in env.modules.items():
         if call != "identities":

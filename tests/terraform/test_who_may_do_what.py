@@ -1,11 +1,12 @@
 """docs/deploy.md "Who may do what" against the Terraform, both ways, and the TPU VM's Pub/Sub rights.
 
 Every IAM grant in the tree is resolved to the identity it names (function runtime accounts, push invokers, the
-Pub/Sub service agent, the TPU VM, gateway and endpoint-tunnel principals, the build account) and its role
-(predefined, or a custom role shown as IAM names it with the default prefix, e.g. ``tpuctlNodeChannels``), at
-project level or on one resource. A grant this resolver does not understand fails the test, so a new grant
-cannot skip the table. The table must list exactly those roles in the matching column; permissions it names in
-parentheses must be exactly the custom role's; what its "Not granted" column names must not be granted.
+Pub/Sub service agent, the TPU VM, the prewarm builder, gateway and endpoint-tunnel principals, the build account)
+and its role (predefined, or a custom role shown as IAM names it with the default prefix, e.g.
+``tpuctlNodeChannels``), at project level or on one resource. A grant this resolver does not understand fails the
+test, so a new grant cannot skip the table. The table must list exactly those roles in the matching column;
+permissions it names in parentheses must be exactly the custom role's; what its "Not granted" column names must not
+be granted.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ ROW_IDENTITIES = (
     ("push invokers", "push"),
     ("Pub/Sub service agent", "pubsub-agent"),
     ("`tpuctl-tpu-vm`", "tpu-vm"),
+    ("`tpuctl-tpu-builder`", "tpu-builder"),
     ("gateway principals", "gateway"),
     ("endpoint tunnel principals", "tunnel"),
     ("`tpuctl-build`", "build"),
@@ -83,6 +85,8 @@ class Resolver:
     def identities(self, member: str, for_each: str, call: str, args: Mapping[str, Any]) -> list[str]:
         if "google_service_account.tpu_vm.email" in member or member == "${module.identities.tpu_vm_member}":
             return ["tpu-vm"]
+        if "google_service_account.tpu_builder.email" in member or member == "${module.identities.tpu_builder_member}":
+            return ["tpu-builder"]
         if "google_service_account.runtime.email" in member:
             return [call]
         if "google_service_account.invoker.email" in member:
@@ -135,6 +139,8 @@ def _secret_grants(grants: Grants, args: Mapping[str, Any]) -> None:
             who = []
             if "module.identities.tpu_vm_member" in text:
                 who.append("tpu-vm")
+            if "module.identities.tpu_builder_member" in text:
+                who.append("tpu-builder")
             who += [name for name in FUNCTIONS if f"module.{name}.service_account_member" in text]
             if "local.gateway_" in text:
                 who.append("gateway")

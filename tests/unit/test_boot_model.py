@@ -1,4 +1,4 @@
-"""The boot-stage model (localcloud/tpu_sim/boot_model.py): calibration, cache states, seeding, bounded jitter."""
+"""The boot-stage model (shared/domain/boot_model.py): calibration, cache states, seeding, bounded jitter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from localcloud.tpu_sim.boot_model import (
+from shared.domain.boot_model import (
     ANCHORS,
     CLIP_Z,
     SIGMA,

@@ -214,12 +214,18 @@ def test_the_script_times_every_stage_before_the_phase_that_follows() -> None:
     assert weights.index('stage_done weights "${started}" "$(cat "${report}"') < weights.index(
         'progress weights "restored'
     )
-    serving = _function("wait_until_serving")
-    assert serving.index("stage_done engine") < serving.index("progress serving")
+    healthy, serving = _function("wait_until_healthy"), _function("wait_until_serving")
+    assert healthy.index('stage_done engine "${ENGINE_STARTED}" "${COMPILE_CACHE}"') < healthy.index("first_token")
+    assert healthy.index("first_token") < healthy.index("return 0")
+    assert serving.index("wait_until_healthy proxy_healthy") < serving.index("progress serving")
     start = _function("start_vllm")
-    assert start.index("COMPILE_CACHE=cold") < start.index('ENGINE_STARTED="$(uptime_cs)"') < start.index("docker run")
-    assert serving.index('stage_done engine "${ENGINE_STARTED}" "${COMPILE_CACHE}"') < serving.index("first_token")
-    assert serving.index("first_token") < serving.index("progress serving")
+    assert start.index("COMPILE_CACHE=cold") < start.index("compile_cache restore")
+    assert (
+        start.index("compile_cache restore") < start.index('ENGINE_STARTED="$(uptime_cs)"') < start.index("docker run")
+    )
+    prewarm = _function("prewarm")
+    assert prewarm.index("wait_until_healthy vllm_healthy") < prewarm.index("compile_cache fill")
+    assert prewarm.index("compile_cache fill") < prewarm.index("progress prewarmed")
 
 
 def _first_token_run(tmp_path: Path, curl_exit: int) -> tuple[list[str], str, list[str]]:
@@ -285,12 +291,12 @@ def test_a_failed_first_token_probe_is_logged_and_never_reported_as_a_stage(tmp_
 def test_the_compile_cache_reads_warm_only_when_compiled_artefacts_are_on_the_disk(
     tmp_path: Path, files: tuple[str, ...], state: str
 ) -> None:
-    start = _function("start_vllm")
-    snippet = start[start.index("  COMPILE_CACHE=cold") : start.index("  ENGINE_STARTED=")]
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
-    script = f'set -euo pipefail\nVLLM_CACHE={tmp_path}\n{snippet}\nprintf %s "$COMPILE_CACHE"'
+    check = _function("compiled_on_disk")
+    verdict = "if compiled_on_disk; then printf warm; else printf cold; fi"
+    script = f"set -euo pipefail\nVLLM_CACHE={tmp_path}\n{check}\n{verdict}"
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=20)
     assert done.stdout == state
     assert f"{VLLM_CACHE_DIR}/xla_cache" == XLA_CACHE_DIR, "the script looks where the launch points the JAX cache"

@@ -54,9 +54,25 @@ def test_the_table_gives_medians_per_kind_and_ratios_against_cold() -> None:
     assert table.median("replacement", "engine") is None
     lines = table.lines()
     engine = next(line for line in lines if line.startswith("| engine |"))
-    assert engine == "| engine | 104.0 | - | 42.0 | - | 0.40 |"
+    assert engine == "| engine | 104.0 | - | 42.0 | - | - | - | 0.40 | - | - |"
     total = next(line for line in lines if line.startswith("| stages total |"))
-    assert total == "| stages total | 105.3 | - | 43.3 | - | 0.41 |"
-    assert "| weights source | hub | - | cached | | |" in lines
-    assert "| compile cache | cold | - | warm | | |" in lines
-    assert lines[-1] == "runs: cold 3, replacement 0, reboot 2"
+    assert total == "| stages total | 105.3 | - | 43.3 | - | - | - | 0.41 | - | - |"
+    assert "| weights source | hub | - | cached | - | - | | | | |" in lines
+    assert "| compile cache | cold | - | warm | - | - | | | | |" in lines
+    assert not any(line.startswith("| compile restore") for line in lines), "no boot had the shared cache"
+    assert lines[-1] == "runs: cold 3, replacement 0, reboot 2, prewarm 0, restored 0"
+
+
+def test_the_restored_boot_adds_its_restore_and_the_builder_its_fill() -> None:
+    table = Table()
+    table.add(_boot("cold", 100.0, "hub", "cold", 130.0))
+    restored = _boot("restored", 75.0, "bucket", "warm", 95.0).stages.model_copy(update={"compile_restore": "hit"})
+    restored.seconds["compile_restore"] = 0.9
+    table.add(Boot("restored", "r", restored, 95.0))
+    builder = _boot("prewarm", 100.0, "bucket", "cold", 140.0)
+    table.add(Boot("prewarm", "b", builder.stages.model_copy(update={"compile_fill": "filled"}), 140.0))
+    lines = table.lines()
+    assert "| compile restore | - | - | - | - | 0.9 | - | - | - | - |" in lines
+    assert "| shared compile cache | ? | - | - | filled | hit | | | | |" in lines
+    total = next(line for line in lines if line.startswith("| stages total |"))
+    assert total.split(" | ")[5] == "77.2"  # the restore's own seconds count in the restored boot's total

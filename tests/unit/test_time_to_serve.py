@@ -10,7 +10,7 @@ import pytest
 from benchmarks.capacity_search import PLANS, run_one
 from benchmarks.capacity_search_results import RunResult
 from benchmarks.time_to_serve import Interval, ServeTracker, account, first_token_table
-from localcloud.tpu_sim.boot_model import CacheState, median_stages
+from shared.domain.boot_model import CacheState, median_stages
 from shared.domain.models import Tier
 
 PLAN = PLANS["spot-preemptions"]

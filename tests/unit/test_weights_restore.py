@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from node_agent.weights_restore import RestoreReport, WeightsError, cache_for, restore_weights
-from shared.domain.errors import CloudError, ErrorClass
 from shared.domain.weights_cache import (
     FileDigest,
     HubFile,
@@ -28,6 +27,7 @@ from shared.domain.weights_cache import (
     storage_usd_per_month,
     weights_source,
 )
+from tests.support.memory_bucket import MemoryBucket
 
 REPO = "google/gemma-4-e4b-it"
 COMMIT = "a" * 40
@@ -69,54 +69,6 @@ class FakeHub:
         path.write_bytes(data[::-1] + b"!" if file.path in self.tampered else data)
 
 
-class FakeBucket:
-    """Objects by name with generations; ``ifGenerationMatch`` checked atomically, as Cloud Storage does."""
-
-    def __init__(self, bucket: str = "cache-us-east5", location: str = "us-east5") -> None:
-        self.bucket = bucket
-        self._location = location
-        self.objects: dict[str, tuple[int, bytes]] = {}
-        self.reads: Counter[str] = Counter()
-        self.writes: Counter[str] = Counter()
-        self.refusals = 0
-        self.broken = False
-        self._next = 1000
-        self._lock = threading.Lock()
-
-    def location(self) -> str:
-        return self._location
-
-    def stat(self, name: str) -> tuple[int, int] | None:
-        if self.broken:
-            raise CloudError(ErrorClass.PERMISSION, "HTTP 403")
-        found = self.objects.get(name)
-        return None if found is None else (len(found[1]), found[0])
-
-    def read_to(self, name: str, generation: int, size: int, path: Path) -> None:
-        stored_generation, data = self.objects[name]
-        assert stored_generation == generation
-        self.reads[name] += 1
-        path.write_bytes(data)
-
-    def write_from(self, name: str, path: Path, *, if_generation: int) -> bool:
-        with self._lock:
-            current = self.objects.get(name)
-            if (current[0] if current else 0) != if_generation:
-                self.refusals += 1
-                return False
-            self._next += 1
-            self.objects[name] = (self._next, path.read_bytes())
-            self.writes[name] += 1
-            return True
-
-    def where(self, name: str) -> str:
-        return f"gs://{self.bucket}/{name}"
-
-    def put(self, name: str, data: bytes) -> None:
-        self._next += 1
-        self.objects[name] = (self._next, data)
-
-
 def snapshot_bytes(home: Path) -> dict[str, bytes]:
     snapshot = home / repo_folder(REPO) / "snapshots" / COMMIT
     return {path: (snapshot / path).read_bytes() for path in FILES}
@@ -127,7 +79,7 @@ def object_of(path: str) -> str:
 
 
 def test_a_cold_boot_downloads_from_the_hub_fills_the_bucket_and_lays_out_the_hub_cache(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     report = restore_weights(REPO, "", tmp_path, hub, bucket)
     assert report.source == "hub" and report.filled == len(FILES) and report.refused == []
     assert report.total_bytes == sum(len(data) for data in FILES.values())
@@ -140,7 +92,7 @@ def test_a_cold_boot_downloads_from_the_hub_fills_the_bucket_and_lays_out_the_hu
 
 
 def test_a_warm_boot_elsewhere_in_the_region_restores_every_byte_from_the_bucket(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     restore_weights(REPO, "", tmp_path / "first-vm", hub, bucket)
     served = sum(hub.served.values())
     report = restore_weights(REPO, "", tmp_path / "second-vm", hub, bucket)
@@ -151,7 +103,7 @@ def test_a_warm_boot_elsewhere_in_the_region_restores_every_byte_from_the_bucket
 
 
 def test_a_cached_object_with_a_bad_hash_is_refused_and_refilled(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     shard = "model-00001-of-00002.safetensors"
     bucket.put(object_of(shard), b"\x66" * len(FILES[shard]))  # same size, other bytes: a poisoned entry
     bad_generation = bucket.objects[object_of(shard)][0]
@@ -165,7 +117,7 @@ def test_a_cached_object_with_a_bad_hash_is_refused_and_refilled(tmp_path: Path)
 
 
 def test_a_cached_object_of_the_wrong_size_is_refused_without_reading_it(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     bucket.put(object_of("config.json"), b"{}")
     report = restore_weights(REPO, "", tmp_path, hub, bucket)
     assert report.refused == ["config.json"] and bucket.reads[object_of("config.json")] == 0
@@ -173,7 +125,7 @@ def test_a_cached_object_of_the_wrong_size_is_refused_without_reading_it(tmp_pat
 
 
 def test_two_vms_filling_the_same_entry_at_once_leave_one_good_entry(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     hub.before_download.clear()  # both VMs miss before either fills
     reports: list[RestoreReport] = []
     vms = [
@@ -193,7 +145,7 @@ def test_two_vms_filling_the_same_entry_at_once_leave_one_good_entry(tmp_path: P
 
 
 def test_bytes_from_the_hub_that_miss_its_own_digest_fail_the_restore_and_leave_nothing(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     hub.tampered.add("config.json")
     with pytest.raises(WeightsError, match=re.escape("config.json do not match its own digest")):
         restore_weights(REPO, "", tmp_path, hub, bucket)
@@ -204,14 +156,14 @@ def test_bytes_from_the_hub_that_miss_its_own_digest_fail_the_restore_and_leave_
 
 
 def test_an_unreadable_bucket_costs_time_not_the_boot(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     bucket.broken = True
     report = restore_weights(REPO, "", tmp_path, hub, bucket)
     assert report.source == "hub" and snapshot_bytes(tmp_path) == FILES
 
 
 def test_files_on_the_boot_disk_are_kept_and_the_rest_restored(tmp_path: Path) -> None:
-    hub, bucket = FakeHub(FILES), FakeBucket()
+    hub, bucket = FakeHub(FILES), MemoryBucket()
     restore_weights(REPO, "", tmp_path, hub, bucket)
     (tmp_path / repo_folder(REPO) / "blobs" / hub_file("config.json", FILES["config.json"]).digest).unlink()
     report = restore_weights(REPO, "", tmp_path, hub, None)
@@ -228,9 +180,9 @@ def test_a_pinned_commit_writes_no_branch_ref(tmp_path: Path) -> None:
 def test_a_vm_reads_only_its_own_regions_cache_unless_cross_region_reads_are_allowed() -> None:
     opened: list[str] = []
 
-    def open_bucket(name: str) -> FakeBucket:
+    def open_bucket(name: str) -> MemoryBucket:
         opened.append(name)
-        return FakeBucket(name, location="europe-west4")
+        return MemoryBucket(name, location="europe-west4")
 
     buckets = {"europe-west4": "cache-eu"}
     cache, why = cache_for(buckets, False, "us-east5", open_bucket)
@@ -240,8 +192,8 @@ def test_a_vm_reads_only_its_own_regions_cache_unless_cross_region_reads_are_all
 
 
 def test_a_bucket_mapped_to_the_region_but_located_elsewhere_is_not_read() -> None:
-    def open_bucket(name: str) -> FakeBucket:
-        return FakeBucket(name, location="us")  # a multi-region bucket named as if it were us-east5's
+    def open_bucket(name: str) -> MemoryBucket:
+        return MemoryBucket(name, location="us")  # a multi-region bucket named as if it were us-east5's
 
     cache, why = cache_for({"us-east5": "cache-us"}, False, "us-east5", open_bucket)
     assert cache is None and "is in us, not us-east5" in why

@@ -51,6 +51,8 @@ locals {
     TPUCTL_NODE_NETWORK         = var.network
     TPUCTL_NODE_TAGS            = module.network.node_tag
     TPUCTL_NODE_EXTERNAL_IPS    = "false"
+    # Prewarm builder VMs (tpuctl prewarm) run as this account instead: it alone writes the shared compile cache.
+    TPUCTL_BUILDER_SERVICE_ACCOUNT = module.identities.tpu_builder_email
     # Where node agents keep debug bundles (the VMs get it through the startup script's agent environment).
     TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
     # The regional weights caches, region -> bucket (the startup script restores from its region's own bucket), and
@@ -371,18 +373,26 @@ module "secrets" {
   project_id = local.project_id
   labels     = local.labels
   secrets = {
-    # Read at boot by the VM's host bootstrap to download the gated weights. Gateway principals get
+    # Read at boot by the VM's host bootstrap (a serving or a prewarm builder VM) to download the gated weights. Gateway principals get
     # access only when var.gateway_manages_hf_token is set (`tpuctl token set` compares, then adds).
     hf_token = {
-      secret_id      = var.secret_ids.hf_token
-      accessors      = merge({ tpu_vm = module.identities.tpu_vm_member }, local.gateway_hf_token_managers)
+      secret_id = var.secret_ids.hf_token
+      accessors = merge(
+        { tpu_vm = module.identities.tpu_vm_member, tpu_builder = module.identities.tpu_builder_member },
+        local.gateway_hf_token_managers,
+      )
       version_adders = local.gateway_hf_token_managers
     }
-    # The VM's proxy checks it; the monitor sends it on /v1/models probes; the gateway on live queries.
+    # The VM's proxy checks it (a builder's startup script reads it as every VM's does); the monitor sends it on
+    # /v1/models probes; the gateway on live queries.
     vllm_api_key = {
       secret_id = var.secret_ids.vllm_api_key
       accessors = merge(
-        { tpu_vm = module.identities.tpu_vm_member, monitor = module.monitor.service_account_member },
+        {
+          tpu_vm      = module.identities.tpu_vm_member
+          tpu_builder = module.identities.tpu_builder_member
+          monitor     = module.monitor.service_account_member
+        },
         local.gateway_vllm_key_readers,
       )
     }
@@ -426,10 +436,13 @@ module "identities" {
   node_tasks_topic    = local.topic_ids.node_tasks
   source_bucket       = google_storage_bucket.sources.name
   debug_bundle_bucket = google_storage_bucket.debug_bundles.name
-  # The VMs restore, fill and repair the regional weights caches (objectUser on each).
+  # The VMs restore, fill and repair the regional weights caches (objectUser on weights/); serving VMs read compile/,
+  # which only the prewarm builder writes.
   weights_cache_buckets = { for region, bucket in google_storage_bucket.weights_cache : region => bucket.name }
   gateway_principals    = var.gateway_principals
   tpu_vm_users          = { provision = module.provision.service_account_member }
+  # The provisioner attaches the builder account to the prewarm builder's node.
+  tpu_builder_users = { provision = module.provision.service_account_member }
   # The startup script sets TPUCTL_TRACE_EXPORT=cloud-trace for the node agents when the functions export there.
   tpu_vm_writes_traces = var.trace_export == "cloud-trace"
   # The provisioner opens each deployment's node channel and grants the TPU VM account subscriber on it.

@@ -48,6 +48,11 @@ output "tpu_vm_service_account" {
   value       = module.identities.tpu_vm_email
 }
 
+output "tpu_builder_service_account" {
+  description = "Service account the provision function attaches to prewarm builder VMs only (it alone writes compile/ in the weights caches)."
+  value       = module.identities.tpu_builder_email
+}
+
 output "node_network" {
   description = "What the provision function must put on TPU VMs so the firewall rules apply."
   value = {

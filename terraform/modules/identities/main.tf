@@ -1,12 +1,18 @@
-# The two identities that are not functions: the TPU VM's service account and the humans (or
+# The identities that are not functions: the TPU VM's service account, the prewarm builder's and the humans (or
 # groups) who run the MCP gateway. Each gets only what its job needs (docs/reference/reliability-security.md §7).
 #
 # TPU VM: writes logs (roles/logging.logWriter: the node agent ships the vLLM container's lines to
 # Cloud Logging as the VM) and metrics, publishes results on the events topic, reads the node-agent
-# bundle (and nothing else) from the source bucket, keeps debug bundles, and uses the regional weights caches. Its secret access is granted per secret by the
+# bundle (and nothing else) from the source bucket, keeps debug bundles, uses the regional weights caches (weights/) and reads the compile cache (compile/). Its secret access is granted per secret by the
 # secrets module. It holds no Pub/Sub right at project level and none on any topic but events: it
 # reads its node tasks from its deployment's node channel, on which the controller grants it
 # roles/pubsub.subscriber at run time (below, and docs/deploy.md "Who may do what").
+#
+# TPU builder: the identity of prewarm builder VMs (`tpuctl prewarm`) and of nothing that serves. It gets what a
+# booting VM needs (its secrets, the node-agent bundle, weights/), and none of what only the node agent uses, plus the one right no serving VM has: writing the shared
+# compile cache, compile/ in each weights-cache bucket (shared/domain/compile_cache.py: an entry is executable code
+# every later VM loads, so trust rests on who writes it). Serving VMs parse untrusted prompts, so they only read
+# compile/. The builder is never a firewall target: rules admit the vLLM port by network tag, and a builder opens no port.
 #
 # Gateway user: publishes commands, reads Firestore state, logs and quota limits (Cloud Quotas, for
 # tpu_list_zones' live quota). Nothing on the TPU API: every change to TPUs goes through a command that
@@ -90,6 +96,85 @@ resource "google_storage_bucket_iam_member" "tpu_vm_weights_cache_user" {
   }
 }
 
+# The shared compile cache (shared/domain/compile_cache.py): a serving VM restores compiled artefacts from compile/ and
+# never writes there, whatever it is made to run; objectViewer, not objectUser, so it cannot create, replace or delete
+# an entry. Only the builder writes compile/ (below).
+resource "google_storage_bucket_iam_member" "tpu_vm_compile_cache_reader" {
+  for_each = var.weights_cache_buckets
+
+  bucket = each.value
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.tpu_vm.email}"
+
+  condition {
+    title       = "compile-read-only"
+    description = "Only objects under compile/, read only (serving VMs never write the compile cache)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/compile/\")"
+  }
+}
+
+# --- the prewarm builder --------------------------------------------------------------------------
+
+resource "google_service_account" "tpu_builder" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-tpu-builder"
+  display_name = "tpuctl TPU builder"
+  description  = "Runs only on prewarm builder VMs (tpuctl prewarm): compiles once and fills the shared compile cache; never serves."
+}
+
+# A builder runs no node agent (nothing of it listens, publishes or keeps debug bundles), so of the TPU VM account's
+# project rights it keeps only log writing (its boot log on the serial console and journal).
+resource "google_project_iam_member" "tpu_builder" {
+  for_each = toset(["roles/logging.logWriter"])
+
+  project = var.project_id
+  role    = each.value
+  member  = "serviceAccount:${google_service_account.tpu_builder.email}"
+}
+
+resource "google_storage_bucket_iam_member" "tpu_builder_bundle_reader" {
+  bucket = var.source_bucket
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.tpu_builder.email}"
+
+  condition {
+    title       = "node-agent-bundle-only"
+    description = "Only objects under node-agent/, not the function sources."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${var.source_bucket}/objects/node-agent/\")"
+  }
+}
+
+# A builder boots the model like any VM (weights/ as the TPU VM account has it) ...
+resource "google_storage_bucket_iam_member" "tpu_builder_weights_cache_user" {
+  for_each = var.weights_cache_buckets
+
+  bucket = each.value
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.tpu_builder.email}"
+
+  condition {
+    title       = "weights-only"
+    description = "Only objects under weights/ (the VM never lists the bucket)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/weights/\")"
+  }
+}
+
+# ... and alone writes the compile cache: creates an entry's archive and manifest, replaces a manifest on its
+# generation (ifGenerationMatch), deletes. Nothing outside compile/.
+resource "google_storage_bucket_iam_member" "tpu_builder_compile_cache_writer" {
+  for_each = var.weights_cache_buckets
+
+  bucket = each.value
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.tpu_builder.email}"
+
+  condition {
+    title       = "compile-only"
+    description = "Only objects under compile/ (the shared compile cache; only builder VMs write it)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/compile/\")"
+  }
+}
+
 # The gateway's users see what each cache holds in a plan (its state and what keeping it costs).
 resource "google_storage_bucket_iam_member" "gateway_weights_cache_reader" {
   for_each = {
@@ -167,6 +252,15 @@ resource "google_service_account_iam_member" "tpu_vm_users" {
   for_each = var.tpu_vm_users
 
   service_account_id = google_service_account.tpu_vm.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = each.value
+}
+
+# Creating the prewarm builder VM that runs as tpu_builder: actAs on that one account too.
+resource "google_service_account_iam_member" "tpu_builder_users" {
+  for_each = var.tpu_builder_users
+
+  service_account_id = google_service_account.tpu_builder.name
   role               = "roles/iam.serviceAccountUser"
   member             = each.value
 }

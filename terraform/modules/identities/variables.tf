@@ -35,7 +35,7 @@ variable "debug_bundle_bucket" {
 }
 
 variable "weights_cache_buckets" {
-  description = "The regional weights-cache buckets, region -> bucket name: the TPU VM restores, fills and repairs them (roles/storage.objectUser on each)."
+  description = "The regional weights-cache buckets, region -> bucket name: the TPU VM and the builder restore, fill and repair weights/ (roles/storage.objectUser); the builder alone writes compile/, which the TPU VM only reads."
   type        = map(string)
   default     = {}
 }
@@ -59,6 +59,12 @@ variable "tpu_vm_writes_traces" {
 
 variable "tpu_vm_users" {
   description = "IAM members allowed to create TPU VMs that run as the TPU VM account, keyed by a static name."
+  type        = map(string)
+  default     = {}
+}
+
+variable "tpu_builder_users" {
+  description = "IAM members allowed to create prewarm builder VMs that run as the TPU builder account, keyed by a static name."
   type        = map(string)
   default     = {}
 }
