@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from node_agent.weights_restore import CacheBucket, vm_cache
+from node_agent.weights_restore import CacheBucket, cache_arguments, vm_cache
 from shared.adapters.compile_cache_entry import read_manifest
 from shared.domain.compile_cache import (
     COMPILED_DIRS,
@@ -40,7 +40,7 @@ from shared.domain.compile_cache import (
     manifest_name,
 )
 from shared.domain.errors import CloudError, ErrorClass
-from shared.domain.weights_cache import check_cache_buckets, check_repo_id
+from shared.domain.weights_cache import check_repo_id
 
 __all__ = [
     "Outcome",
@@ -381,9 +381,7 @@ def _checked_buckets(model: str, key: str, entries: list[str]) -> dict[str, str]
     """The ``--cache`` map, after the model and key are checked; ValueError names the bad argument."""
     check_repo_id(model)
     manifest_name(model, key)
-    if bad := [entry for entry in entries if "=" not in entry]:
-        raise ValueError(f"--cache {bad[0]!r} is not REGION=BUCKET")
-    return check_cache_buckets(dict(entry.split("=", 1) for entry in entries))
+    return cache_arguments(entries)
 
 
 def main(argv: list[str] | None = None) -> int:

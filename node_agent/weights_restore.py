@@ -42,7 +42,16 @@ from shared.domain.weights_cache import (
     weights_source,
 )
 
-__all__ = ["CacheBucket", "Hub", "RestoreReport", "WeightsError", "cache_for", "restore_weights", "vm_cache"]
+__all__ = [
+    "CacheBucket",
+    "Hub",
+    "RestoreReport",
+    "WeightsError",
+    "cache_arguments",
+    "cache_for",
+    "restore_weights",
+    "vm_cache",
+]
 
 log = logging.getLogger("tpuctl.weights")
 _PARTIAL = ".tpuctl-partial"
@@ -220,6 +229,14 @@ def cache_for(
     return bucket, choice.reason
 
 
+def cache_arguments(entries: list[str]) -> dict[str, str]:
+    """The ``--cache REGION=BUCKET`` words as a checked map (the weights restore's and the compile cache's);
+    ValueError names the bad one."""
+    if bad := [entry for entry in entries if "=" not in entry]:
+        raise ValueError(f"--cache {bad[0]!r} is not REGION=BUCKET")
+    return check_cache_buckets(dict(entry.split("=", 1) for entry in entries))
+
+
 def vm_cache(buckets: dict[str, str], cross_region: bool) -> tuple[CacheBucket | None, str]:
     """``cache_for`` this VM: its region from the metadata server, buckets as its service account reaches them (the
     weights restore's and the compile cache's)."""
@@ -248,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     from shared.adapters.hub_files import HubFiles
 
     try:
-        buckets = check_cache_buckets(dict(entry.split("=", 1) for entry in args.cache if "=" in entry))
+        buckets = cache_arguments(args.cache)
     except ValueError as exc:
-        print(f"--cache: {exc}", file=sys.stderr)
+        print(f"weights: {exc}", file=sys.stderr)
         return 2
     cache, why = vm_cache(buckets, args.cross_region)
     log.info("weights cache: %s", why)

@@ -38,6 +38,7 @@ __all__ = [
     "RESTORE_OUTCOMES",
     "CompileManifest",
     "archive_name",
+    "checked_key",
     "compile_key",
     "manifest_name",
     "parse_manifest",
@@ -63,7 +64,8 @@ def compile_key(launch: VllmLaunch, revision: str, accelerator: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
 
-def _checked_key(key: str) -> str:
+def checked_key(key: str) -> str:
+    """``key`` when it is 32 lower-case hex digits (what ``compile_key`` makes), else ValueError."""
     if not _KEY.fullmatch(key):
         raise ValueError(f"compile cache key {key!r} is not 32 lower-case hex digits")
     return key
@@ -71,14 +73,14 @@ def _checked_key(key: str) -> str:
 
 def manifest_name(model: str, key: str) -> str:
     """``compile/models--ORG--NAME/<key>.json``: the object a reader looks up first."""
-    return f"{COMPILE_PREFIX}{repo_folder(model)}/{_checked_key(key)}.json"
+    return f"{COMPILE_PREFIX}{repo_folder(model)}/{checked_key(key)}.json"
 
 
 def archive_name(model: str, key: str, sha256: str) -> str:
     """``compile/models--ORG--NAME/<key>/<sha256>.tar``: the archive, named by its own digest."""
     if not _SHA256.fullmatch(sha256):
         raise ValueError(f"archive digest {sha256!r} is not 64 lower-case hex digits")
-    return f"{COMPILE_PREFIX}{repo_folder(model)}/{_checked_key(key)}/{sha256}.tar"
+    return f"{COMPILE_PREFIX}{repo_folder(model)}/{checked_key(key)}/{sha256}.tar"
 
 
 @dataclass(frozen=True, slots=True)

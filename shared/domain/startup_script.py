@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shared.domain.compile_cache import checked_key
 from shared.domain.errors import InvalidMessage
 from shared.domain.launch import API_KEY_MOUNT_DIR, KEY_WRAPPER, VllmLaunch
 from shared.domain.startup_script_template import TEMPLATE
@@ -151,9 +152,11 @@ def _weights_cache_args(inputs: StartupScriptInputs) -> list[str]:
 
 
 def _compile_key(key: str) -> str:
-    if key and not re.fullmatch(r"[0-9a-f]{32}", key):
-        raise InvalidMessage("compile_cache_key", f"{key!r} is not 32 hex digits", "use compile_cache.compile_key")
-    return key
+    """The plan's compile cache key as the compile cache checks it; "" (no cache) passes."""
+    try:
+        return checked_key(key) if key else key
+    except ValueError as exc:
+        raise InvalidMessage("compile_cache_key", str(exc), "use compile_cache.compile_key") from exc
 
 
 def plan_hash(launch: VllmLaunch, model_revision: str) -> str:
