@@ -249,7 +249,7 @@ def deployment_id(value: Any, field: str = "deployment_id") -> str:
         max_chars=40,
         pattern=_DEPLOYMENT_ID,
         what="a deployment id",
-        fix="2-40 lower-case letters, digits or '-', starting with a letter; list them with tpu_list_deployments",
+        fix="2-40 lower-case letters, digits or '-', starting with a letter; list them with tpu_status",
     )
 
 
@@ -273,5 +273,5 @@ def zone(field: str, value: Any) -> str:
         max_chars=ZONE_CHARS,
         pattern=_ZONE,
         what="a zone name",
-        fix="a zone such as 'us-east5-b' (tpu_list_zones lists them)",
+        fix="a zone such as 'us-east5-b' (tpu_plan(show='zones') lists them)",
     )

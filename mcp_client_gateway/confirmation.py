@@ -88,8 +88,9 @@ class ConfirmationRequest(BaseModel):
     def how_to_confirm(self, lead: str = "") -> Fix:
         """``lead`` then how to confirm, worded per interface: ``call again with confirm='TOKEN'`` over MCP,
         ``run tpuctl delete ID --confirm ID (or pass --yes)`` on the command line."""
-        positional = () if self.action == "replace_hf_token" else (("deployment_id", self.target),)
-        return Fix(lead, ConfirmRef(CONFIRMED_BY[self.action], self.target, self.confirm, positional))
+        tool, selected = CONFIRMED_BY[self.action]
+        positional = selected + (() if self.action == "replace_hf_token" else (("deployment_id", self.target),))
+        return Fix(lead, ConfirmRef(tool, self.target, self.confirm, positional))
 
 
 class Confirmations:

@@ -1,4 +1,5 @@
-"""The views of a debug bundle (``tpu_debug_bundle``, ``tpuctl debug``), apart from ``models.py`` (its size)."""
+"""The views of a debug bundle (``tpu_observe(show='debug_bundle')``, ``tpuctl debug``), apart from ``models.py``
+(its size)."""
 
 from __future__ import annotations
 

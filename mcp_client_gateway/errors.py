@@ -3,7 +3,7 @@
 One line ``[code] field: problem. Fix: ...`` everywhere, and the same four as a mapping (``shape``) for
 results an agent reads. The fix may refer to a tool, a parameter or a confirmation (``ToolRef``, ``ParamRef``,
 ``ConfirmRef``, inside a ``Fix``), worded for the interface that shows it by ``interface_words``:
-``tpu_list_deployments`` and ``confirm='TOKEN'`` over MCP, ``tpuctl status`` and ``--confirm ID`` on the
+``tpu_status`` and ``confirm='TOKEN'`` over MCP, ``tpuctl status`` and ``--confirm ID`` on the
 command line. A fix given as plain text is worded for the CLI by the same table (``interface_words.cli_text``).
 
 Kept in its own module so the core, its argument bounds (``bounds``) and the confirmation tokens
@@ -28,7 +28,7 @@ __all__ = ["ConfirmRef", "Fix", "GatewayError", "Interface", "ParamRef", "ToolRe
 
 @dataclass(frozen=True)
 class ToolRef:
-    """A tool to call, with the arguments known: ``tpu_get_deployment(deployment_id='a')`` / ``tpuctl status a``."""
+    """A tool to call, with the arguments known: ``tpu_status(deployment_id='a')`` / ``tpuctl status a``."""
 
     tool: str
     arguments: tuple[tuple[str, str], ...] = ()

@@ -1,8 +1,9 @@
 """One table of how the two interfaces name the same thing: MCP tools and their parameters, CLI commands and flags.
 
 An error's fix refers to a tool, a parameter or a confirmation (``errors.ToolRef``, ``ParamRef``, ``ConfirmRef``)
-and is worded here for the interface that shows it: ``tpu_delete_deployment`` and ``confirm='TOKEN'`` over MCP,
-``tpuctl delete ID`` and ``--confirm ID`` on the command line. ``tests/mcp/test_error_shape.py`` holds the table
+and is worded here for the interface that shows it: ``tpu_control(action='stop')`` and ``confirm='TOKEN'`` over
+MCP, ``tpuctl stop ID`` and ``--confirm ID`` on the command line. A tool with several views or actions maps each
+to its own command (``call_key``). ``tests/mcp/test_error_shape.py`` holds the table
 against the real tool registry and the real argument parser: every tool is listed, every parameter is given a
 flag, a position or is listed as one the CLI lacks, and every flag and command named exists.
 
@@ -25,9 +26,11 @@ __all__ = [
     "PLACEHOLDERS",
     "CliCommand",
     "Interface",
+    "call_key",
     "cli_call",
     "cli_text",
     "param_flag",
+    "tool_of",
 ]
 
 Interface = Literal["mcp", "cli"]
@@ -35,25 +38,25 @@ Interface = Literal["mcp", "cli"]
 
 @dataclass(frozen=True)
 class CliCommand:
-    """The ``tpuctl`` command that does what one MCP tool does.
+    """The ``tpuctl`` command that does what one MCP call does (a tool, or one view or action of it).
 
-    ``positionals``: the tool's parameters the command takes by position, in order; ``flags``: the tool's
-    parameters the command takes as a flag (``zones`` is ``--zone``); ``lacks``: the tool's parameters the
-    command has no way to give. ``--confirm`` on the command line takes the target's name, not a token: the CLI
-    obtains the token itself once the person at the terminal agreed.
+    ``positionals``: the call's parameters the command takes by position, in order; ``flags``: the parameters the
+    command takes as a flag (``zones`` is ``--zone``); ``lacks``: the parameters the command has no way to give;
+    ``fixed``: words the command always carries for this call (``--capture``). ``--confirm`` on the command line
+    takes the target's name, not a token: the CLI obtains the token itself once the person at the terminal agreed.
     """
 
     command: str
     positionals: tuple[str, ...] = ()
     flags: Mapping[str, str] = field(default_factory=dict)
     lacks: frozenset[str] = frozenset()
+    fixed: tuple[str, ...] = ()
 
 
 _DEPLOY_SPEC = {
     "accelerator": "--accelerator",
     "zones": "--zone",
     "tiers": "--tier",
-    "hedge": "--hedge",
     "ttl_hours": "--ttl-hours",
     "budget_usd": "--budget-usd",
     "idle_minutes": "--idle-minutes",
@@ -62,62 +65,43 @@ _DEPLOY_SPEC = {
     "dtype": "--dtype",
     "command_id": "--command-id",
 }
+_CREATE_SPEC = {"model": "--model", **_DEPLOY_SPEC, "alternative_accelerators": "--alternative-accelerator"}
 _ID = ("deployment_id",)
 _CONFIRM = {"confirm": "--confirm"}
 
-# MCP tool -> the tpuctl command that does the same (None: the CLI has no such command; use `tpuctl mcp`).
+# Which view or action of a tool a call is: the tool's selecting parameter and its default. tpu_status and
+# tpu_query select by the ids and prompt given (``call_key``).
+_SELECTOR = {
+    "tpu_plan": ("show", "plan"),
+    "tpu_observe": ("show", "metrics"),
+    "tpu_deploy": ("action", "create"),
+    "tpu_control": ("action", "start"),
+}
+
+# MCP call (``call_key``) -> the tpuctl command that does the same (None: no such command; use `tpuctl mcp`).
 COMMANDS: dict[str, CliCommand | None] = {
-    "tpu_create_deployment": CliCommand(
-        "deploy",
-        _ID,
-        {
-            "model": "--model",
-            **_DEPLOY_SPEC,
-            "alternative_accelerators": "--alternative-accelerator",
-            "book_calendar": "--book-calendar",
-            "prewarm": "--prewarm",
-            **_CONFIRM,
-        },
-    ),
-    "tpu_list_deployments": CliCommand(
-        "status", (), {"include_deleted": "--all"}, frozenset({"phase", "offset", "limit"})
-    ),
-    "tpu_get_deployment": CliCommand("status", _ID),
-    "tpu_get_operation": CliCommand("status", (), {}, frozenset({"command_id", "wait_seconds"})),
-    "tpu_delete_deployment": CliCommand("delete", _ID, _CONFIRM),
-    "tpu_stop_deployment": CliCommand("stop", _ID, _CONFIRM),
-    "tpu_start_deployment": CliCommand("start", _ID),
-    "tpu_restart_serving": CliCommand("restart", _ID, _CONFIRM, frozenset({"reason"})),
-    "tpu_update_deployment": CliCommand("update", _ID, {**_DEPLOY_SPEC, "clear": "--clear", **_CONFIRM}),
-    "tpu_list_zones": CliCommand(
-        "zones", (), {"accelerator": "--accelerator", "tier": "--tier", "live_quota": "--live-quota"}
-    ),
-    "tpu_plan_deployment": CliCommand(
+    "tpu_status": CliCommand("status", (), {"include_deleted": "--all"}, frozenset({"offset"})),
+    "tpu_status:deployment": CliCommand("status", _ID),
+    "tpu_status:command": CliCommand("status", (), {}, frozenset({"command_id", "wait_seconds"})),
+    "tpu_plan:plan": CliCommand(
         "plan",
         (),
         {
             "model": "--model",
             "accelerator": "--accelerator",
-            "alternative_accelerators": "--alternative-accelerator",
             "zones": "--zone",
             "tiers": "--tier",
             "max_model_len": "--max-model-len",
             "kv_cache_dtype": "--kv-cache-dtype",
             "dtype": "--dtype",
-            "gpu_memory_utilization": "--gpu-memory-utilization",
             "ttl_hours": "--ttl-hours",
-            "tokens_per_second": "--tokens-per-second",
         },
     ),
-    "tpu_render_artifacts": None,
-    "tpu_query_model": CliCommand(
-        "query",
-        ("deployment_id", "prompt"),
-        {"max_tokens": "--max-tokens", "temperature": "--temperature", "system_prompt": "--system"},
-    ),
-    "tpu_check_health": CliCommand("health", _ID),
-    "tpu_get_metrics": CliCommand("metrics", _ID, {"window_minutes": "--window"}),
-    "tpu_get_logs": CliCommand(
+    "tpu_plan:zones": CliCommand("zones", (), {"accelerator": "--accelerator", "tiers": "--tier"}),
+    "tpu_plan:startup_script": None,
+    "tpu_plan:gke_manifest": None,
+    "tpu_observe:metrics": CliCommand("metrics", _ID, {"minutes": "--window"}),
+    "tpu_observe:logs": CliCommand(
         "logs",
         _ID,
         {
@@ -125,13 +109,29 @@ COMMANDS: dict[str, CliCommand | None] = {
             "min_severity": "--severity",
             "minutes": "--minutes",
             "limit": "--limit",
-            "include_probes": "--probes",
         },
     ),
-    "tpu_tail_serving_logs": CliCommand("logs", _ID, {"lines": "--tail", "task_id": "--task-id"}),
-    "tpu_analyze_logs": None,
-    "tpu_debug_bundle": CliCommand("debug", _ID, {"capture": "--capture", "task_id": "--task-id"}),
-    "tpu_run_benchmark": CliCommand(
+    "tpu_observe:analysis": None,
+    "tpu_observe:benchmarks": CliCommand("bench compare", (), {"deployment_id": "--deployment", "limit": "--limit"}),
+    "tpu_observe:benchmark": CliCommand("bench show", ("command_id",)),
+    "tpu_observe:debug_bundle": CliCommand("debug", _ID, {"command_id": "--task-id"}),
+    "tpu_query:query": CliCommand(
+        "query",
+        ("deployment_id", "prompt"),
+        {"max_tokens": "--max-tokens", "temperature": "--temperature", "system_prompt": "--system"},
+    ),
+    "tpu_query:health": CliCommand("health", _ID),
+    "tpu_deploy:create": CliCommand("deploy", _ID, {**_CREATE_SPEC, "book_calendar": "--book-calendar", **_CONFIRM}),
+    "tpu_deploy:update": CliCommand("update", _ID, {**_DEPLOY_SPEC, "clear": "--clear", **_CONFIRM}),
+    "tpu_deploy:prewarm": CliCommand("prewarm", _ID, _CREATE_SPEC),
+    "tpu_control:start": CliCommand("start", _ID),
+    "tpu_control:stop": CliCommand("stop", _ID, _CONFIRM),
+    "tpu_control:restart": CliCommand("restart", _ID, _CONFIRM),
+    "tpu_control:log_tail": CliCommand("logs", _ID, {"lines": "--tail", "task_id": "--task-id"}),
+    "tpu_control:capture_bundle": CliCommand("debug", _ID, fixed=("--capture",)),
+    "tpu_control:capture_poll": CliCommand("debug", _ID, {"task_id": "--task-id"}),  # a pending capture, read
+    "tpu_control:delete": CliCommand("delete", _ID, _CONFIRM),
+    "tpu_benchmark": CliCommand(
         "bench run",
         _ID,
         {
@@ -139,37 +139,60 @@ COMMANDS: dict[str, CliCommand | None] = {
             "num_prompts": "--num-prompts",
             "input_len": "--input-len",
             "output_len": "--output-len",
-            "endpoint": "--endpoint",
             "command_id": "--command-id",
             "workload": "--workload",
             "prefix_len": "--prefix-len",
             "prefix_share": "--prefix-share",
             "turns": "--turns",
-            "trace": "--trace-file",
             "slo_ttft_ms": "--slo-ttft-ms",
             "slo_tpot_ms": "--slo-tpot-ms",
         },
-        frozenset({"mode", "request_rate"}),
-    ),
-    "tpu_get_benchmark": CliCommand("bench show", ("run_id",)),
-    "tpu_compare_benchmarks": CliCommand(
-        "bench compare", (), {"deployment_id": "--deployment", "model": "--model", "limit": "--limit"}
+        frozenset({"request_rate"}),
     ),
     "tpu_save_hf_token": CliCommand("token set", (), _CONFIRM, frozenset({"token"})),
 }
 
-# The tool that confirms each action of ``confirmation.ConfirmAction`` (its command: ``COMMANDS``).
-CONFIRMED_BY = {
-    "delete": "tpu_delete_deployment",
-    "stop": "tpu_stop_deployment",
-    "restart": "tpu_restart_serving",
-    "update": "tpu_update_deployment",
-    "replace_hf_token": "tpu_save_hf_token",
-    "book_calendar": "tpu_create_deployment",
+# The call that confirms each action of ``confirmation.ConfirmAction``: its tool and the arguments that select it
+# (its command: ``COMMANDS``).
+CONFIRMED_BY: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "delete": ("tpu_control", (("action", "delete"),)),
+    "stop": ("tpu_control", (("action", "stop"),)),
+    "restart": ("tpu_control", (("action", "restart"),)),
+    "update": ("tpu_deploy", (("action", "update"),)),
+    "replace_hf_token": ("tpu_save_hf_token", ()),
+    "book_calendar": ("tpu_deploy", (("action", "create"),)),
 }
 
+
+def call_key(tool: str, arguments: Mapping[str, object]) -> str:
+    """Which ``COMMANDS`` entry a call is: ``tpu_control`` with ``action='stop'`` is ``tpu_control:stop``;
+    ``tpu_status`` with a ``command_id`` is ``tpu_status:command``; a tool with one command is its own name."""
+    if tool == "tpu_status":
+        return (
+            "tpu_status:command"
+            if "command_id" in arguments
+            else ("tpu_status:deployment" if "deployment_id" in arguments else tool)
+        )
+    if tool == "tpu_query":
+        return "tpu_query:query" if "prompt" in arguments else "tpu_query:health"
+    if tool not in _SELECTOR:
+        return tool
+    name, default = _SELECTOR[tool]
+    chosen = str(arguments.get(name, default))
+    if tool == "tpu_control" and chosen == "capture_bundle" and "task_id" in arguments:
+        return "tpu_control:capture_poll"
+    if tool == "tpu_observe" and chosen == "benchmarks" and "command_id" in arguments:
+        return "tpu_observe:benchmark"
+    return f"{tool}:{chosen}"
+
+
+def tool_of(key: str) -> str:
+    """The MCP tool of a ``COMMANDS`` key."""
+    return key.split(":", 1)[0]
+
+
 # How a positional parameter is written in a command's usage when its value is not known.
-PLACEHOLDERS = {"deployment_id": "ID", "run_id": "RUN", "prompt": "PROMPT"}
+PLACEHOLDERS = {"deployment_id": "ID", "command_id": "RUN", "prompt": "PROMPT"}
 
 # Argument patterns in people's words (keyed by the pattern, so every parameter that uses one is covered).
 PATTERN_WORDS = {
@@ -187,16 +210,18 @@ def param_flag(name: str) -> str | None:
 
 
 def cli_call(tool: str, arguments: Mapping[str, str | bool] | None = None) -> str:
-    """``tpuctl delete gemma-a`` for ``tpu_delete_deployment`` with ``deployment_id='gemma-a'``; a switch given
-    as True (``capture=true`` in text) is its flag alone (``--capture``)."""
-    cli = COMMANDS.get(tool)
+    """``tpuctl stop gemma-a`` for ``tpu_control`` with ``action='stop', deployment_id='gemma-a'``; a switch given
+    as True (``include_probes=true`` in text) is its flag alone (``--probes``)."""
     given = dict(arguments or {})
+    key = call_key(tool, given)
+    cli = COMMANDS.get(key)
     if cli is None:
         return f"the {tool} tool (tpuctl mcp serves it; no tpuctl command does this)"
     words = ["tpuctl", cli.command]
     for name in cli.positionals:
         value = given.pop(name, None)
         words.append(value if isinstance(value, str) else PLACEHOLDERS.get(name, name.upper()))
+    words += cli.fixed
     for name, value in given.items():
         flag = cli.flags.get(name)
         if flag is not None and value is True:
@@ -208,7 +233,11 @@ def cli_call(tool: str, arguments: Mapping[str, str | bool] | None = None) -> st
 
 _CALL = re.compile(r"\b(tpu_[a-z_]+)(?:\(([^()]*)\))?")
 _ARGUMENT = re.compile(r"([a-z_]+)='([^']*)'")
+_NAMED = re.compile(r"\b([a-z_]+)=(?:'([^']*)'|([A-Z]+)\b)")  # inside a call: a value, or a placeholder like ID
 _SWITCH = re.compile(r"\b([a-z_]+)=true\b")
+
+
+_TOOLS = frozenset(tool_of(key) for key in COMMANDS)
 
 
 def cli_text(text: str) -> str:
@@ -217,9 +246,9 @@ def cli_text(text: str) -> str:
 
     def command(match: re.Match[str]) -> str:
         tool, inside = match[1], match[2]
-        if tool not in COMMANDS:
+        if tool not in _TOOLS:
             return match[0]
-        arguments: dict[str, str | bool] = dict(_ARGUMENT.findall(inside or ""))
+        arguments: dict[str, str | bool] = {name: quoted or bare for name, quoted, bare in _NAMED.findall(inside or "")}
         arguments |= {name: True for name in _SWITCH.findall(inside or "")}
         return cli_call(tool, arguments)
 

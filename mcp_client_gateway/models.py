@@ -98,7 +98,7 @@ class NodeReported(_View):
 class CommandAccepted(_View):
     """A command was validated and published; the work happens in the controller."""
 
-    command_id: str = Field(description="Idempotency key; pass it to tpu_get_operation to follow progress.")
+    command_id: str = Field(description="Idempotency key; pass it to tpu_status as command_id to follow progress.")
     kind: str = Field(description="Message kind, e.g. deployment.create.")
     deployment_id: str
     topic: str = Field(description="Bus topic the command was published on.")
@@ -242,7 +242,10 @@ class BootView(_View):
 class NodeTaskView(_View):
     """One container-control task on the deployment's node (restart vLLM, tail its log, debug bundle) and its answer."""
 
-    task_id: str = Field(description="The request's command_id; tpu_get_operation and tpu_tail_serving_logs read it.")
+    task_id: str = Field(
+        description="The request's command_id: tpu_status(command_id) follows it; "
+        "tpu_control(action='log_tail', task_id) reads a log tail's answer."
+    )
     action: Literal["restart", "logs", "debug"]
     status: Literal["dispatched", "completed", "failed"] = Field(
         description="dispatched: sent to the node agent, no answer yet; completed or failed: its answer (a task "
@@ -258,7 +261,9 @@ class NodeTaskView(_View):
     )
     line_count: int = Field(default=0, description="Log lines the answer carried (logs tasks).")
     bundle: str = Field(
-        default="", description="The debug bundle the node kept for this task (before a restart): tpu_debug_bundle."
+        default="",
+        description="The debug bundle the node kept for this task (before a restart): "
+        "tpu_observe(show='debug_bundle', command_id) reads it.",
     )
 
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Union, cast
 
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from mcp_client_gateway.errors import Fix, GatewayError, ParamRef, ToolRef, parse_line
 from mcp_client_gateway.interface_words import PATTERN_WORDS
@@ -219,16 +219,25 @@ class StrictTool(Tool):
     """A tool whose arguments are validated strictly against a closed model, refused in the gateway's format."""
 
     @classmethod
-    def strict(cls, fn: Callable[..., Any], *, annotations: ToolAnnotations) -> StrictTool:
-        """Build the tool as the SDK would (``Tool.from_function``), then close and tighten its arguments."""
+    def strict(
+        cls, fn: Callable[..., Any], *, annotations: ToolAnnotations, views: tuple[type[BaseModel], ...] = ()
+    ) -> StrictTool:
+        """Build the tool as the SDK would (``Tool.from_function``), then close and tighten its arguments.
+
+        ``views``: a tool with several views (``tpu_status`` lists, shows one deployment or one command) declares
+        them all; its output schema is an object that is one of them, and each result is validated against it."""
         tool = cast(StrictTool, cls.from_function(fn, annotations=annotations))
         loose = tool.fn_metadata
         closed = strict_arguments(loose.arg_model)
+        output_model, output_schema = loose.output_model, loose.output_schema
+        if views:
+            output_model = Union[views]  # noqa: UP007 - a runtime union of the view classes
+            output_schema = {"type": "object", **TypeAdapter(output_model).json_schema()}
         tool.fn_metadata = _NoPreParse(
             arg_model=closed,
-            output_schema=loose.output_schema,
-            output_model=loose.output_model,
-            wrap_output=loose.wrap_output,
+            output_schema=output_schema,
+            output_model=output_model,
+            wrap_output=False if views else loose.wrap_output,
         )
         tool.parameters = compact_schema(closed.model_json_schema(by_alias=True))
         tool.description = compact_text(tool.description)

@@ -3,17 +3,18 @@
 Why (issue #23): every client sends each tool's ``inputSchema`` to its model on every turn, so its size is paid in
 tokens on every request. pydantic's schema carries a lot the model does not use. ``compact_schema`` keeps the
 structure (``type``, ``properties``, ``required``, ``items``, ``enum``/``const``, ``additionalProperties: false``,
-``$defs``/``$ref``, ``description``, a meaningful ``default``, and numeric ``minimum``/``maximum``, which tell
-the model what value to pick) and drops:
+``$defs``/``$ref``, ``description`` and a meaningful ``default``) and drops:
 
 - every ``title`` (pydantic's "Deployment Id" restates the property's name);
 - the nullable wrapper of an optional argument: ``anyOf: [X, {type: null}]`` becomes ``X``, and its ``default:
   null`` goes too (an optional argument is simply one not ``required``; the server still accepts ``null``);
-- the validation-only keywords ``pattern``, ``minLength``/``maxLength`` and ``minItems``/``maxItems``: regular
-  expressions and anti-abuse caps the model never needs to get a call right, since the parameter's description
-  says the form in words. The server still enforces all of them: the arguments are validated strictly against the
-  full schema of the argument model (``StrictTool.enforced_schema``), and a refusal names the field and the fix in
-  people's words ("send a zone name like us-east5-b", ``strict_tools.argument_error``).
+- the validation-only keywords ``pattern``, ``minLength``/``maxLength``, ``minItems``/``maxItems`` and the
+  numeric bounds (``minimum``, ``maximum`` and their exclusive forms): regular expressions and caps the model
+  seldom needs to get a call right, since the parameter's description says the form in words and a value out
+  of range is refused with the range in words ("send a number from 1 to 168"). The server still enforces all of
+  them: the arguments are validated strictly against the full schema of the argument model
+  (``StrictTool.enforced_schema``), and a refusal names the field and the fix in people's words ("send a zone
+  name like us-east5-b", ``strict_tools.argument_error``).
 
 The published schema is therefore looser than the enforced one, with one exception: an explicit ``null`` for an
 optional argument, which the server takes as "left out", is not in it; the model leaves the argument out instead.
@@ -26,7 +27,19 @@ from typing import Any
 
 __all__ = ["VALIDATION_ONLY", "compact_schema", "compact_text"]
 
-VALIDATION_ONLY = frozenset({"pattern", "minLength", "maxLength", "minItems", "maxItems"})
+VALIDATION_ONLY = frozenset(
+    {
+        "pattern",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+    }
+)
 _NULL = {"type": "null"}
 _DATA = frozenset({"default", "enum", "const", "examples", "required"})
 

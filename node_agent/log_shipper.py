@@ -1,7 +1,7 @@
 """The node agent's log shipper: the serving container's lines to a ``LogSink`` (Cloud Logging on Google Cloud).
 
 Why: vLLM's container logs to the Docker engine only, so without this nothing of vLLM reaches Cloud Logging and
-``tpu_get_logs`` / ``tpu_analyze_logs`` see nothing from it. How:
+``tpu_observe(show='logs')`` / ``tpu_observe(show='analysis')`` see nothing from it. How:
 
 * **Forward from where it shipped.** Lines are read through the Engine API (``ContainerLogs.read_since``); the
   position of the last shipped line (the engine's nanosecond stamp and its ordinal among lines of that stamp) is

@@ -177,7 +177,7 @@ class Settings(BaseSettings):
     toolset: Literal["read-only", "operate", "all"] = Field(
         default="all",
         description="read-only: only the tools that change nothing; operate: all but the irrecoverable "
-        "(tpu_delete_deployment); all: every tool.",
+        "(tpu_control's delete); all: every tool.",
     )
 
     @field_validator("toolset", mode="before")

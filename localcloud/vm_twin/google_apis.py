@@ -32,9 +32,10 @@ Only the calls a VM makes are served, on Google's REST wire:
   checked then, 412 if it no longer holds); ``bytes */TOTAL`` asks where the session stands; an unknown session
   is 404. The object exists only once whole;
 * Cloud Logging's ``POST /v2/entries:write`` (the node agent ships vLLM's lines) and ``POST /v2/entries:list``
-  (``tpu_get_logs`` reads them), served by :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need
-  a VM's token like every call here; a list is served to any caller, token or not (the gateway reads with the
-  user's credentials on Google Cloud, anonymously here).
+  (``tpu_observe(show='logs')`` reads them), served by
+  :class:`~localcloud.vm_twin.logging_api.CloudLoggingStandIn`: writes need a VM's token like every call here; a
+  list is served to any caller, token or not (the gateway reads with the user's credentials on Google Cloud,
+  anonymously here).
 
 Every call needs ``Authorization: Bearer`` with a token a VM's metadata server issued (401 ``UNAUTHENTICATED``
 otherwise), so a script that skipped the metadata server would fail here as it would on Google Cloud. Writes are

@@ -1,7 +1,8 @@
 """Cloud Logging as a TPU VM and the gateway reach it: ``entries:write`` and ``entries:list`` of one project.
 
-Why: the node agent ships vLLM's lines to Cloud Logging and ``tpu_get_logs`` reads them back; Cloud Logging has no
-emulator, so this stand-in serves the two calls on Google's JSON wire (``GoogleApis`` routes them here):
+Why: the node agent ships vLLM's lines to Cloud Logging and ``tpu_observe(show='logs')`` reads them back; Cloud
+Logging has no emulator, so this stand-in serves the two calls on Google's JSON wire (``GoogleApis`` routes them
+here):
 
 * ``POST /v2/entries:write`` ``{"logName","resource","labels","entries":[...],"partialSuccess","dryRun"}``: needs
   a token a VM's metadata server issued (401 ``UNAUTHENTICATED`` otherwise) and a ``logName`` of this project (403

@@ -84,19 +84,26 @@ class Benchmarks:
                 "failed_precondition",
                 "deployment_id",
                 f"'{deployment_id}' is not serving (phase {record.status.phase.value})",
-                "benchmark once tpu_get_deployment shows SERVING",
+                f"benchmark once tpu_status(deployment_id='{deployment_id}') shows SERVING",
             )
-        return self.publisher.publish(message, "The command_id is the run id: follow it with tpu_get_benchmark.")
+        return self.publisher.publish(
+            message,
+            f"The command_id is the run id: follow it with tpu_observe(show='benchmarks', "
+            f"command_id='{message.command_id}').",
+        )
 
     def get_benchmark(self, run_id: str) -> BenchmarkView:
         """One run with its result and the change from the previous run of the same deployment."""
-        run_id = bounds.command_id(run_id, "run_id", fix="pass the command_id tpu_run_benchmark returned")
+        run_id = bounds.command_id(run_id, "run_id", fix="pass the command_id tpu_benchmark returned")
         run = self.ports.store.get_benchmark_run(run_id)
         if run is None:
             published = self.publisher.published(run_id)
             if published is None:
                 raise GatewayError(
-                    "not_found", "run_id", f"no benchmark run '{run_id}'", "list runs with tpu_compare_benchmarks"
+                    "not_found",
+                    "run_id",
+                    f"no benchmark run '{run_id}'",
+                    "list runs with tpu_observe(show='benchmarks')",
                 )
             raise GatewayError(
                 "not_found",

@@ -67,8 +67,7 @@ class CalendarQuotes:
                 "failed_precondition",
                 "book_calendar",
                 f"there is no calendar-mode window to book ({view.note})",
-                "leave book_calendar out and search the other tiers, or widen zones (tpu_plan_deployment shows "
-                "the window)",
+                "leave book_calendar out and search the other tiers, or widen zones (tpu_plan shows the window)",
             )
         return CalendarWindow(zone=view.zone, start=view.start, end=view.end), booking_name(deployment_id)
 

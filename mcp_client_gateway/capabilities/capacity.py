@@ -153,8 +153,8 @@ class Capacity:
                 "failed_precondition",
                 "zones",
                 f"no zone has quota for {accelerator} in {', '.join(t.value for t in chosen)}: {view.summary}",
-                "pass zones explicitly (tpu_list_zones shows quota per zone), choose a smaller slice or another "
-                "tier, or request more TPU quota",
+                "pass zones explicitly (tpu_plan(show='zones') shows quota per zone), choose a smaller slice or "
+                "another tier, or request more TPU quota",
             )
         return view
 

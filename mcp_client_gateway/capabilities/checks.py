@@ -85,7 +85,7 @@ def _offering(accelerator: str, zones: list[str]) -> list[str]:
                 "invalid_argument",
                 f"zones[{index}]",
                 f"{zone} is not a zone that offers {family}",
-                f"pick one of {', '.join(nearest_zones(zone, known))} (tpu_list_zones lists them all)",
+                f"pick one of {', '.join(nearest_zones(zone, known))} (tpu_plan(show='zones') lists them all)",
             )
     return zones
 
@@ -123,13 +123,13 @@ def _check_benchmark_value(field: str, value: Any, depth: int) -> None:
         return
     if isinstance(value, list | tuple) and depth == 0:
         if len(value) > _BENCHMARK_LIST_ITEMS:
-            raise GatewayError("invalid_argument", field, "has too many items", "see tpu_run_benchmark")
+            raise GatewayError("invalid_argument", field, "has too many items", "see tpu_benchmark")
         for index, item in enumerate(value):
             _check_benchmark_value(f"{field}[{index}]", item, depth + 1)
         return
     if isinstance(value, dict) and depth == 1:  # a list of small records: a trace's requests
         if len(value) > _BENCHMARK_ITEM_KEYS:
-            raise GatewayError("invalid_argument", field, "has too many fields", "see tpu_run_benchmark")
+            raise GatewayError("invalid_argument", field, "has too many fields", "see tpu_benchmark")
         for key, item in value.items():
             if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", key):
                 raise GatewayError("invalid_argument", field, "has a key that is not a field name", "see the schema")
@@ -144,11 +144,11 @@ def check_benchmark(benchmark: Any) -> None:
     if not isinstance(benchmark, dict):
         raise GatewayError("invalid_argument", "benchmark", "must be an object", "pass the benchmark settings")
     if len(benchmark) > _BENCHMARK_KEYS:
-        raise GatewayError("invalid_argument", "benchmark", "has too many settings", "see tpu_run_benchmark")
+        raise GatewayError("invalid_argument", "benchmark", "has too many settings", "see tpu_benchmark")
     for key, value in benchmark.items():
         if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", key):
             raise GatewayError(
-                "invalid_argument", "benchmark", "has a setting that is not a field name", "see tpu_run_benchmark"
+                "invalid_argument", "benchmark", "has a setting that is not a field name", "see tpu_benchmark"
             )
         _check_benchmark_value(key, value, 0)
 

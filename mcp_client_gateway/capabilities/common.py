@@ -95,7 +95,8 @@ class GatewayPorts:
     prices: PriceLookup | None = None
     """The Billing Catalog prices the controller uses; None: the dated table (said so in every result)."""
     debug_bundles: DebugBundles | None = None
-    """Where node agents keep debug bundles; None: none is configured (tpu_debug_bundle then says so)."""
+    """Where node agents keep debug bundles; None: none is configured (tpu_observe(show='debug_bundle') then says
+    so)."""
     calendar: CalendarReservations | None = None
     """Calendar-mode windows for the plan's quote and a confirmed booking; None: the plan says there is none."""
     weights_cache: WeightsCacheState | None = None
@@ -130,7 +131,7 @@ class Records:
         record = self.ports.store.get_deployment(deployment_id)
         if record is None or (not include_deleted and record.status.phase is Phase.DELETED):
             raise GatewayError(
-                "not_found", "deployment_id", f"no deployment '{deployment_id}'", "list them with tpu_list_deployments"
+                "not_found", "deployment_id", f"no deployment '{deployment_id}'", "list them with tpu_status"
             )
         return record
 
@@ -141,7 +142,8 @@ class Records:
                 "failed_precondition",
                 "deployment_id",
                 f"'{deployment_id}' is not serving (phase {record.status.phase.value})",
-                "wait until tpu_get_deployment shows SERVING (poll tpu_get_operation)",
+                f"wait until tpu_status(deployment_id='{deployment_id}') shows SERVING, or poll its command with "
+                "tpu_status(command_id=ID)",
             )
         return record
 
@@ -237,7 +239,7 @@ class CommandPublisher:
             message_id="",
             published_at=ledger.received_at,
             duplicate=True,
-            next_step="Already received by the controller; poll tpu_get_operation.",
+            next_step=f"Already received by the controller; poll tpu_status(command_id='{command_id}').",
         )
 
 

@@ -22,7 +22,7 @@ from mcp_client_gateway.capabilities.common import (
     Records,
     SecretRedaction,
 )
-from mcp_client_gateway.errors import GatewayError
+from mcp_client_gateway.errors import Fix, GatewayError, Words
 from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import DebugBundleView, DebugProcessView, DebugThreadView
 from shared.domain.debug_bundle import BUNDLE_VERSION, MAX_BUNDLE_BYTES, is_bundle_of
@@ -93,13 +93,22 @@ class Debugging:
         """Capture a bundle now (``capture``), read the one task ``task_id`` kept, or else the newest one kept."""
         deployment_id = bounds.deployment_id(deployment_id)
         if task_id is not None:
-            task_id = bounds.command_id(task_id, "task_id", fix="pass the task_id tpu_debug_bundle returned")
+            task_id = bounds.command_id(
+                task_id,
+                "task_id",
+                fix="pass the task_id tpu_control(action='capture_bundle') returned, or a restart's command_id",
+            )
         if capture and task_id is not None:
             raise GatewayError(
                 "invalid_argument",
                 "task_id",
                 "reads a bundle already asked for; it cannot be given with capture",
-                "give one: capture=true asks the node for a new bundle, task_id reads the one a task kept",
+                Fix(
+                    Words(
+                        "give one: action='capture_bundle' asks the node for a new bundle, task_id polls it",
+                        "give one: --capture asks the node for a new bundle, --task-id reads the one a task kept",
+                    )
+                ),
             )
         self.redaction.register_known()
         if capture:
@@ -135,14 +144,15 @@ class Debugging:
                     f"no debug capture or restart '{task_id}' of '{deployment_id}'",
                     "omit task_id to read the newest bundle kept",
                 )
-            return _pending(deployment_id, task_id)
+            return _pending(deployment_id, task_id, "restart" if published.kind == "serving.restart" else "debug")
         if task.action not in _BUNDLE_ACTIONS or task.deployment_id != deployment_id:
             raise GatewayError(
                 "invalid_argument",
                 "task_id",
                 f"belongs to a {task.action} task of '{task.deployment_id}', not a restart or debug capture of "
                 f"'{deployment_id}'",
-                "pass the task_id of a restart or of a capture (tpu_debug_bundle) of this deployment, or omit it",
+                "pass the id of a restart or of a capture (tpu_control(action='capture_bundle')) of this "
+                "deployment, or omit it",
             )
         return self._task_view(task)
 
@@ -157,8 +167,7 @@ class Debugging:
             task_id=None,
             status="none",
             detail="no debug bundle is kept for this deployment yet",
-            next_step="One is kept before every restart; capture one now with "
-            f"tpu_debug_bundle(deployment_id='{deployment_id}', capture=true).",
+            next_step=f"One is kept before every restart; capture one now with {_capture_call(deployment_id)}.",
         )
 
     def _task_view(self, task: NodeTask) -> DebugBundleView:
@@ -166,14 +175,14 @@ class Debugging:
         detail = clean_text(task.detail, limit=_ERROR_CHARS)[0]
         if not task.bundle:
             if not task.finished:
-                return _pending(deployment_id, task_id)
+                return _pending(deployment_id, task_id, task.action)
             return DebugBundleView(
                 deployment_id=deployment_id,
                 task_id=task_id,
                 status="failed",
                 detail=f"the node kept no bundle for this {task.action} task" + (f": {detail}" if detail else ""),
-                next_step="See tpu_get_deployment for the node's state; capture one with "
-                f"tpu_debug_bundle(deployment_id='{deployment_id}', capture=true) while the node is up.",
+                next_step=f"See tpu_status(deployment_id='{deployment_id}') for the node's state; capture one with "
+                f"{_capture_call(deployment_id)} while the node is up.",
             )
         if not is_bundle_of(task.bundle, deployment_id, task_id):
             return _failed(deployment_id, task_id, "", "the task names an object that is not its own bundle")
@@ -196,15 +205,26 @@ class Debugging:
         return bundles
 
 
-def _pending(deployment_id: str, task_id: str) -> DebugBundleView:
+def _capture_call(deployment_id: str, task_id: str | None = None) -> str:
+    """The call that captures a bundle, or (``task_id``) reads the answer to a capture still pending."""
+    poll = f", task_id='{task_id}'" if task_id else ""
+    return f"tpu_control(action='capture_bundle', deployment_id='{deployment_id}'{poll})"
+
+
+def _pending(deployment_id: str, task_id: str, action: str = "debug") -> DebugBundleView:
+    """``action``: the task's (``debug``: a capture, polled by the capture call; ``restart``: read by its id)."""
+    again = (
+        _capture_call(deployment_id, task_id)
+        if action == "debug"
+        else f"tpu_observe(show='debug_bundle', deployment_id='{deployment_id}', command_id='{task_id}')"
+    )
     return DebugBundleView(
         deployment_id=deployment_id,
         task_id=task_id,
         status="pending",
         detail="the node agent has not stored the bundle yet (a capture takes a few seconds; a restart keeps one "
         "before it restarts the engine)",
-        next_step=f"Call tpu_debug_bundle(deployment_id='{deployment_id}', task_id='{task_id}') again in a few "
-        "seconds.",
+        next_step=f"Call {again} again in a few seconds.",
     )
 
 
@@ -215,8 +235,7 @@ def _failed(deployment_id: str, task_id: str, location: str, detail: str, next_s
         status="failed",
         location=location,
         detail=detail,
-        next_step=next_step
-        or f"Capture a new one with tpu_debug_bundle(deployment_id='{deployment_id}', capture=true).",
+        next_step=next_step or f"Capture a new one with {_capture_call(deployment_id)}.",
     )
 
 

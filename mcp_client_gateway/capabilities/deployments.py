@@ -28,7 +28,7 @@ from mcp_client_gateway.capabilities.common import CommandPublisher, GatewayPort
 from mcp_client_gateway.capabilities.plans import Plans, checked_alternatives, fit_fixes
 from mcp_client_gateway.capabilities.secrets import Secrets
 from mcp_client_gateway.confirmation import ConfirmAction, ConfirmationRequest, Confirmations
-from mcp_client_gateway.errors import Fix, GatewayError, ToolRef
+from mcp_client_gateway.errors import Fix, GatewayError, ToolRef, Words
 from mcp_client_gateway.models import CommandAccepted, SpecChange, UpdateAccepted
 from shared.domain.models import (
     DeploymentRecord,
@@ -163,7 +163,7 @@ class Deployments:
                 {"kind": "deployment.create", "deployment_id": deployment_id, "spec": booked}, command_id
             )
         return self.publisher.publish(
-            message, "Poll tpu_get_operation with this command_id; capacity search can take minutes."
+            message, f"Poll tpu_status(command_id='{message.command_id}'); capacity search can take minutes."
         )
 
     def _calendar_terms(self, spec: DeploymentSpec, confirm: str | None) -> dict[str, Any]:
@@ -211,7 +211,7 @@ class Deployments:
                 "already_exists",
                 "deployment_id",
                 f"'{deployment_id}' already exists (phase {existing.status.phase.value})",
-                "choose another deployment_id, or delete this one first with tpu_delete_deployment",
+                "choose another deployment_id, or delete this one first with tpu_control(action='delete')",
             )
         plan = self.plans.serving_plan(spec)
         if not plan.fits:
@@ -219,7 +219,7 @@ class Deployments:
                 "failed_precondition",
                 "accelerator",
                 f"{model} does not fit {accelerator}: " + "; ".join(plan.capacity.reasons),
-                fit_fixes(plan) + " (tpu_plan_deployment shows the table)",
+                fit_fixes(plan) + " (tpu_plan shows the table)",
             )
 
     def confirmation_text(self, action: Literal["delete", "stop", "restart"], deployment_id: str) -> str:
@@ -252,14 +252,18 @@ class Deployments:
         message = self.publisher.validated(
             {"kind": "deployment.delete", "deployment_id": deployment_id, "expected_generation": record.generation}
         )
-        return self.publisher.publish(message, "Poll tpu_get_operation; deletion is done when the phase is DELETED.")
+        return self.publisher.publish(
+            message, f"Poll tpu_status(command_id='{message.command_id}'); deletion is done when the phase is DELETED."
+        )
 
     def stop_deployment(self, deployment_id: str, *, confirm: str | None) -> CommandAccepted:
         """Publish ``deployment.stop``: release the TPU, keep the record (start brings it back). Confirmed."""
         record = self.records.get(deployment_id)
         self._confirm_deployment(confirm, "stop", record)
         message = self.publisher.validated({"kind": "deployment.stop", "deployment_id": deployment_id})
-        return self.publisher.publish(message, "Poll tpu_get_operation; stopped when the phase is STOPPED.")
+        return self.publisher.publish(
+            message, f"Poll tpu_status(command_id='{message.command_id}'); stopped when the phase is STOPPED."
+        )
 
     def start_deployment(self, deployment_id: str) -> CommandAccepted:
         """Publish ``deployment.start`` for a stopped deployment."""
@@ -269,10 +273,13 @@ class Deployments:
                 "failed_precondition",
                 "deployment_id",
                 f"'{deployment_id}' is not stopped (phase {record.status.phase.value}, desired {record.desired.value})",
-                "only a stopped deployment can be started; use tpu_get_deployment to see its state",
+                f"only a stopped deployment can be started; use tpu_status(deployment_id='{deployment_id}') to see its "
+                "state",
             )
         message = self.publisher.validated({"kind": "deployment.start", "deployment_id": deployment_id})
-        return self.publisher.publish(message, "Poll tpu_get_operation; start searches for capacity again.")
+        return self.publisher.publish(
+            message, f"Poll tpu_status(command_id='{message.command_id}'); start searches for capacity again."
+        )
 
     def restart_serving(
         self, deployment_id: str, *, confirm: str | None, reason: str = "user_request"
@@ -285,7 +292,8 @@ class Deployments:
             {"kind": "serving.restart", "deployment_id": deployment_id, "reason": reason}
         )
         return self.publisher.publish(
-            message, "Poll tpu_get_operation; serving resumes when the phase is SERVING again."
+            message,
+            f"Poll tpu_status(command_id='{message.command_id}'); serving resumes when the phase is SERVING again.",
         )
 
     def update_confirmation(
@@ -346,7 +354,9 @@ class Deployments:
                 "than the one confirmed",
             )
         in_place = not needs_new_generation(record.spec, message.spec)
-        accepted = self.publisher.publish(message, _update_next_step(record, bool(slices), in_place))
+        accepted = self.publisher.publish(
+            message, _update_next_step(record, bool(slices), in_place, message.command_id)
+        )
         return UpdateAccepted(
             **accepted.model_dump(), changes=diffs, from_generation=record.generation, replaces_slice=bool(slices)
         )
@@ -360,7 +370,7 @@ class Deployments:
                 "failed_precondition",
                 "deployment_id",
                 f"'{record.deployment_id}' is being deleted; it cannot be updated",
-                "create it again with tpu_create_deployment once its phase is DELETED",
+                "create it again with tpu_deploy once its phase is DELETED",
             )
         given = _checked_changes(record, changes, clear)
         spec = record.spec.model_dump(mode="json")  # every other field (health, backend, ...) stays as it is
@@ -381,8 +391,10 @@ class Deployments:
                 "invalid_argument",
                 "changes",
                 f"'{record.deployment_id}' already has these values; nothing was published",
-                "give at least one of " + ", ".join(UPDATABLE) + " with a new value (tpu_get_deployment shows "
-                "the current ones)",
+                Fix(
+                    _one_of_updatable(),
+                    f" with a new value (tpu_status(deployment_id='{record.deployment_id}') shows the current ones)",
+                ),
             )
         message = self.publisher.validated(
             {
@@ -400,7 +412,7 @@ class Deployments:
                 "failed_precondition",
                 changed[0] if changed else "accelerator",
                 f"{record.spec.model} would not fit {message.spec.accelerator}: " + "; ".join(plan.capacity.reasons),
-                fit_fixes(plan) + " (tpu_plan_deployment shows the table)",
+                fit_fixes(plan) + " (tpu_plan shows the table)",
             )
         return message
 
@@ -434,7 +446,8 @@ class Deployments:
                 "failed_precondition",
                 "deployment_id",
                 f"'{deployment_id}' has no running node (phase {record.status.phase.value})",
-                "restart works once the node is up (BOOTING or later); see tpu_get_deployment",
+                "restart works once the node is up (BOOTING or later); see "
+                f"tpu_status(deployment_id='{deployment_id}')",
             )
         return (
             f"restarting vLLM on '{deployment_id}' drops in-flight requests and serving pauses until the model "
@@ -521,7 +534,7 @@ def _checked_changes(record: DeploymentRecord, changes: Mapping[str, Any], clear
             "invalid_argument",
             "changes",
             "no field to change was given",
-            "give at least one of " + ", ".join(UPDATABLE),
+            Fix(_one_of_updatable()),
         )
     checked = _checked_values(record, given)
     checked.update({field: None for field in cleared})
@@ -617,14 +630,20 @@ def _update_impact(
     )
 
 
-def _update_next_step(record: DeploymentRecord, replaces: bool, in_place: bool) -> str:
+def _update_next_step(record: DeploymentRecord, replaces: bool, in_place: bool, command_id: str) -> str:
+    poll = f"tpu_status(command_id='{command_id}')"
     if in_place:
-        return "Applies to the running generation; the slice and the endpoint are kept. Poll tpu_get_operation."
+        return f"Applies to the running generation; the slice and the endpoint are kept. Poll {poll}."
     if record.desired is Desired.STOPPED:
-        return "The deployment stays stopped; tpu_start_deployment brings it up with the new spec."
+        start = f"tpu_control(action='start', deployment_id='{record.deployment_id}')"
+        return f"The deployment stays stopped; {start} brings it up with the new spec."
     if replaces:
-        return (
-            "Poll tpu_get_operation with this command_id; the current slice serves until the new generation's "
-            "slice does."
-        )
-    return "Poll tpu_get_operation with this command_id; the capacity search starts again with the new spec."
+        return f"Poll {poll}; the current slice serves until the new generation's slice does."
+    return f"Poll {poll}; the capacity search starts again with the new spec."
+
+
+def _one_of_updatable() -> Words:
+    """The fields an update takes, per interface: tpu_deploy leaves hedge to the CLI (``tpuctl update --hedge``)."""
+    over_mcp = ", ".join(name for name in UPDATABLE if name != "hedge")
+    over_cli = ", ".join("--" + name.replace("_", "-") for name in UPDATABLE).replace("--zones", "--zone")
+    return Words(f"give at least one of {over_mcp}", f"give at least one of {over_cli.replace('--tiers', '--tier')}")

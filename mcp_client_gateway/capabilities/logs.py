@@ -53,7 +53,7 @@ _MAX_SAMPLES = 120
 _MAX_COUNTER_SAMPLES = 2000  # about 33 hours of one-minute ticks: the span totals and window figures can cover
 MAX_LOG_CHARS = 4096
 _MAX_ANALYSIS_CHARS = 8192
-TAIL_WAIT_S = 3.0  # how long tpu_tail_serving_logs waits for the node's answer before returning the task id
+TAIL_WAIT_S = 3.0  # how long tpu_control(action='log_tail') waits for the node's answer before returning the task id
 _MAX_TAIL_CHARS = 12288
 _ANALYSIS_SYSTEM_PROMPT = (
     "You help an SRE read the logs of a model-serving deployment on Cloud TPU. The user message holds log "
@@ -236,7 +236,9 @@ class MetricsAndLogs:
         deployment_id = bounds.deployment_id(deployment_id)
         lines = bounds.integer("lines", lines, bounds.TAIL_LINES)
         if task_id is not None:
-            task_id = bounds.command_id(task_id, "task_id", fix="pass the task_id tpu_tail_serving_logs returned")
+            task_id = bounds.command_id(
+                task_id, "task_id", fix="pass the task_id tpu_control(action='log_tail') returned"
+            )
         self.redaction.register_known()
         if task_id is not None:
             return self._read_tail(deployment_id, task_id)
@@ -266,7 +268,7 @@ class MetricsAndLogs:
                 "invalid_argument",
                 "task_id",
                 f"belongs to a {task.action} task of '{task.deployment_id}', not a log tail of '{deployment_id}'",
-                "pass the task_id tpu_tail_serving_logs returned for this deployment",
+                "pass the task_id tpu_control(action='log_tail') returned for this deployment",
             )
         return _serving_logs_view(deployment_id, task_id, task, requested_at=task.requested_at)
 
@@ -310,8 +312,9 @@ def _serving_logs_view(
             lines=[],
             truncated=False,
             requested_at=requested_at,
-            next_step=f"The node agent has not answered yet; call tpu_tail_serving_logs again with "
-            f"task_id='{task_id}' in a few seconds.",
+            next_step="The node agent has not answered yet; call "
+            f"tpu_control(action='log_tail', deployment_id='{deployment_id}', task_id='{task_id}') again in a few "
+            "seconds.",
         )
     kept: list[str] = []
     used = 0
@@ -336,7 +339,9 @@ def _serving_logs_view(
         truncated=truncated,
         requested_at=task.requested_at,
         finished_at=task.finished_at,
-        next_step="See tpu_get_deployment for the node's state, then try again." if failed else "",
+        next_step=f"See tpu_status(deployment_id='{deployment_id}') for the node's state, then try again."
+        if failed
+        else "",
     )
 
 

@@ -174,7 +174,7 @@ class Operations:
                     done=False,
                     stage="No record of this command yet (another gateway may have sent it, or the controller has "
                     "not picked it up).",
-                    next_step="Check tpu_get_deployment for the deployment's phase.",
+                    next_step="Check tpu_status(deployment_id=ID) for the deployment's phase.",
                 )
         kind = ledger.kind if ledger else published.kind if published else fallback_kind
         deployment_id = (
@@ -200,12 +200,7 @@ class Operations:
             elapsed_s=round((now - since).total_seconds(), 1) if since else None,
         )
         if kind == "benchmark.run":
-            run = self.ports.store.get_benchmark_run(command_id)
-            view.benchmark_status = run.status if run else None
-            view.done = status in ("rejected", "failed") or (run is not None and run.status in ("completed", "failed"))
-            view.stage = f"Benchmark {run.status}" if run else "Benchmark queued"
-            view.next_step = "Read the result with tpu_get_benchmark." if view.done else "Poll again in a minute."
-            return view
+            return self._benchmark_operation(view)
         if kind in _NODE_TASK_KINDS.values():
             return self._node_task_operation(view)
         if status in ("rejected", "failed"):
@@ -223,7 +218,9 @@ class Operations:
             view.superseded = not ended.startswith(("Deleted", _PREWARMED))
             view.stage = ended
             if view.superseded:
-                view.next_step = "See tpu_get_deployment for what is left; create or start it again if you want it."
+                view.next_step = (
+                    f"See {_status(deployment_id)} for what is left; create or start it again if you want it."
+                )
             return view
         if record is None:
             view.stage = "Accepted: the deployment record is not written yet"
@@ -234,7 +231,21 @@ class Operations:
         if not view.done:
             view.next_step = "Poll again; capacity search and model load take minutes."
         elif phase is Phase.SERVING:
-            view.next_step = "Query it with tpu_query_model or benchmark it with tpu_run_benchmark."
+            view.next_step = "Query it with tpu_query or benchmark it with tpu_benchmark."
+        return view
+
+    def _benchmark_operation(self, view: OperationView) -> OperationView:
+        """A benchmark (or tune) run: done once the node reported it, or the controller refused it."""
+        run = self.ports.store.get_benchmark_run(view.command_id)
+        view.benchmark_status = run.status if run else None
+        refused = view.status in ("rejected", "failed")
+        view.done = refused or (run is not None and run.status in ("completed", "failed"))
+        view.stage = f"Benchmark {run.status}" if run else "Benchmark queued"
+        view.next_step = (
+            f"Read the result with tpu_observe(show='benchmarks', command_id='{view.command_id}')."
+            if view.done
+            else "Poll again in a minute."
+        )
         return view
 
     def _node_task_operation(self, view: OperationView) -> OperationView:
@@ -259,11 +270,13 @@ class Operations:
             view.next_step = "Poll again in a few seconds."
         elif task.status == "failed":
             view.stage = f"failed: {detail or 'no reason recorded'}"
-            view.next_step = "See tpu_get_deployment for the node's state."
+            view.next_step = f"See {_status(view.deployment_id)} for the node's state."
         elif task.action == "restart":
             finished = task.finished_at.isoformat() if task.finished_at else "an unknown time"
             view.stage = f"completed: restarted at {finished}" + (f" ({detail})" if detail else "")
-            view.next_step = "vLLM loads the model again; serving resumes when tpu_get_deployment shows SERVING."
+            view.next_step = (
+                f"vLLM loads the model again; serving resumes when {_status(view.deployment_id)} shows SERVING."
+            )
             if task.bundle:
                 view.next_step += f" The engine's state before the restart: {_read_bundle(task)}."
         elif task.action == "debug":
@@ -273,7 +286,8 @@ class Operations:
         else:
             view.stage = f"completed: {len(task.lines)} log line(s)" + (f" ({detail})" if detail else "")
             view.next_step = (
-                f"Read them with tpu_tail_serving_logs(deployment_id='{task.deployment_id}', task_id='{task.task_id}')."
+                f"Read them with tpu_control(action='log_tail', deployment_id='{task.deployment_id}', "
+                f"task_id='{task.task_id}')."
             )
         return view
 
@@ -291,7 +305,12 @@ class Operations:
 
 
 def _read_bundle(task: NodeTask) -> str:
-    return f"tpu_debug_bundle(deployment_id='{task.deployment_id}', task_id='{task.task_id}')"
+    return f"tpu_observe(show='debug_bundle', deployment_id='{task.deployment_id}', command_id='{task.task_id}')"
+
+
+def _status(deployment_id: str | None) -> str:
+    """``tpu_status(deployment_id='a')``, or with the placeholder ``ID`` when the deployment is not known."""
+    return f"tpu_status(deployment_id='{deployment_id}')" if deployment_id else "tpu_status(deployment_id=ID)"
 
 
 def _verb(kind: str) -> str:

@@ -231,7 +231,7 @@ class Plans:
         except PermanentError as exc:
             field = getattr(exc, "field", None)
             raise GatewayError(
-                "invalid_argument", field if isinstance(field, str) else None, str(exc), "see tpu_plan_deployment"
+                "invalid_argument", field if isinstance(field, str) else None, str(exc), "see tpu_plan"
             ) from None
 
 

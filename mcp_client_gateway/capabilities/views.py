@@ -21,11 +21,20 @@ def from_cloud(exc: CloudError, field: str) -> GatewayError:
     if exc.error_class is ErrorClass.INVALID:
         return GatewayError("invalid_argument", field, text, "lower max_tokens or shorten the prompt")
     if exc.error_class is ErrorClass.NOT_FOUND:
-        return GatewayError("failed_precondition", field, text, "check tpu_check_health for what the endpoint serves")
+        return GatewayError(
+            "failed_precondition",
+            field,
+            text,
+            "check tpu_query without a prompt (the health check) for what the endpoint serves",
+        )
     if exc.error_class is ErrorClass.RATE_LIMIT:
         return GatewayError("unavailable", field, text, "try again shortly", retry_after_s=30)
     return GatewayError(
-        "unavailable", field, text, "the endpoint may be restarting; see tpu_check_health", retry_after_s=15
+        "unavailable",
+        field,
+        text,
+        "the endpoint may be restarting; see tpu_query without a prompt (the health check)",
+        retry_after_s=15,
     )
 
 

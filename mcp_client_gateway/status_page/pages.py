@@ -81,7 +81,7 @@ def index_page(listing: DeploymentList, *, now: datetime) -> str:
         for d in listing.deployments
     ]
     table = _table(("deployment", "model", "slice", "phase", "zone / tier", "spend", "updated"), rows, css_id="list")
-    empty = "" if rows else '<p class="muted">No deployments yet: tpuctl deploy, or tpu_create_deployment.</p>'
+    empty = "" if rows else '<p class="muted">No deployments yet: tpuctl deploy, or tpu_deploy.</p>'
     body = f'<h1>tpuctl</h1><p class="muted">as of {_when(now)}</p>{table}{empty}'
     return _page("tpuctl: deployments", body)
 

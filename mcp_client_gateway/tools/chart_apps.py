@@ -1,10 +1,12 @@
-"""MCP Apps (``io.modelcontextprotocol/ui``): charts for the metrics and benchmark tools, and a deployment's phase and
-timeline for ``tpu_get_deployment``, in hosts that render them.
+"""MCP Apps (``io.modelcontextprotocol/ui``): charts for ``tpu_observe``'s metrics and benchmarks, and a deployment's
+phase and timeline for ``tpu_status``, in hosts that render them.
 
 How it works, through the SDK's ``mcp.server.apps``:
 
 * The server advertises the Apps extension, and each chart tool it serves carries ``_meta.ui.resourceUri`` naming a
-  ``ui://tpuctl/...`` resource (``text/html;profile=mcp-app``) in its listing.
+  ``ui://tpuctl/...`` resource (``text/html;profile=mcp-app``) in its listing: its first view's page. A tool with
+  several views (``tpu_observe``) picks the page of each call by its arguments (``ChartTool.pick``) and names that
+  page in the result.
 * A call from a client that negotiated Apps (it advertised the extension with that MIME type:
   ``client_supports_apps``) renders the tool's view into that resource's page (``chart_pages``: inline SVG, no
   script, a strict CSP) and names it in the result's ``_meta.ui.resourceUri``. Reading the resource returns the page
@@ -34,7 +36,7 @@ from mcp_client_gateway.charts import page, paragraph
 from mcp_client_gateway.core import GatewayCore
 from mcp_client_gateway.tools.common import run
 
-__all__ = ["CHART_APPS", "ChartApp", "ChartApps"]
+__all__ = ["CHART_APPS", "ChartApp", "ChartApps", "ChartTool"]
 
 log = logging.getLogger("mcp_client_gateway.server")
 
@@ -60,13 +62,46 @@ def _timeline(core: GatewayCore, result: Mapping[str, Any]) -> Mapping[str, Any]
     return {"timeline": core.timeline(str(result["deployment_id"])).model_dump(mode="json")}
 
 
-CHART_APPS: dict[str, ChartApp] = {
-    "tpu_get_metrics": ChartApp("ui://tpuctl/charts/metrics.html", "Serving metrics", metrics_page),
-    "tpu_get_benchmark": ChartApp("ui://tpuctl/charts/benchmark.html", "Benchmark run", benchmark_page),
-    "tpu_compare_benchmarks": ChartApp("ui://tpuctl/charts/comparison.html", "Benchmarks compared", comparison_page),
-    "tpu_get_deployment": ChartApp(
-        "ui://tpuctl/charts/deployment.html", "Deployment and timeline", deployment_page, _timeline
-    ),
+METRICS = ChartApp("ui://tpuctl/charts/metrics.html", "Serving metrics", metrics_page)
+BENCHMARK = ChartApp("ui://tpuctl/charts/benchmark.html", "Benchmark run", benchmark_page)
+COMPARISON = ChartApp("ui://tpuctl/charts/comparison.html", "Benchmarks compared", comparison_page)
+DEPLOYMENT = ChartApp("ui://tpuctl/charts/deployment.html", "Deployment and timeline", deployment_page, _timeline)
+
+
+def _observed(arguments: Mapping[str, Any]) -> ChartApp | None:
+    show = arguments.get("show", "metrics")
+    if show == "metrics":
+        return METRICS
+    if show == "benchmarks":
+        return BENCHMARK if arguments.get("command_id") else COMPARISON
+    return None
+
+
+def _status(arguments: Mapping[str, Any]) -> ChartApp | None:
+    return DEPLOYMENT if arguments.get("deployment_id") and not arguments.get("command_id") else None
+
+
+# How to call for each page, in the empty page's words.
+_VIEW_OF = {
+    METRICS.uri: "(show='metrics')",
+    BENCHMARK.uri: "(show='benchmarks', command_id=...)",
+    COMPARISON.uri: "(show='benchmarks')",
+    DEPLOYMENT.uri: "(deployment_id=...)",
+}
+
+
+@dataclass(frozen=True)
+class ChartTool:
+    """A tool's chart pages: every page it may draw (the first is the one its listing names) and which one a
+    call's arguments ask for (None: that view has no chart)."""
+
+    pages: tuple[ChartApp, ...]
+    pick: Callable[[Mapping[str, Any]], ChartApp | None]
+
+
+CHART_APPS: dict[str, ChartTool] = {
+    "tpu_observe": ChartTool((METRICS, BENCHMARK, COMPARISON), _observed),
+    "tpu_status": ChartTool((DEPLOYMENT,), _status),
 }
 
 
@@ -76,20 +111,24 @@ class ChartApps(Apps):
     ``core`` is what an app's ``gather`` reads (None: pages draw the result alone)."""
 
     def __init__(
-        self, tools: Sequence[Tool], apps: Mapping[str, ChartApp] = CHART_APPS, *, core: GatewayCore | None = None
+        self, tools: Sequence[Tool], apps: Mapping[str, ChartTool] = CHART_APPS, *, core: GatewayCore | None = None
     ) -> None:
         super().__init__()
         self._core = core
         self._apps = {tool.name: apps[tool.name] for tool in tools if tool.name in apps}
         self._pages: dict[str, str] = {}
         for tool in tools:
-            app = self._apps.get(tool.name)
-            if app is not None:
-                tool.meta = {**(tool.meta or {}), "ui": {"resourceUri": app.uri}}
-                self.add_resource(self._resource(tool.name, app))
+            chart = self._apps.get(tool.name)
+            if chart is not None:
+                tool.meta = {**(tool.meta or {}), "ui": {"resourceUri": chart.pages[0].uri}}
+                for app in chart.pages:
+                    self.add_resource(self._resource(tool.name, app))
 
     def _resource(self, name: str, app: ChartApp) -> FunctionResource:
-        empty = page(app.title, [paragraph(f"No chart yet: call {name} first; this page shows its latest result.")])
+        view = _VIEW_OF.get(app.uri, "")
+        empty = page(
+            app.title, [paragraph(f"No chart yet: call {name}{view} first; this page shows its latest result.")]
+        )
 
         def read() -> str:
             return self._pages.get(app.uri, empty)
@@ -97,7 +136,7 @@ class ChartApps(Apps):
         return FunctionResource.from_function(
             read,
             app.uri,
-            name=f"{name}-chart",
+            name=f"{name}-{app.uri.rsplit('/', 1)[-1].removesuffix('.html')}-chart",
             title=app.title,
             description=f"Charts of {name}'s latest result (MCP Apps; inline SVG, no script).",
             mime_type=APP_MIME_TYPE,
@@ -108,16 +147,16 @@ class ChartApps(Apps):
         """None added: the chart tools are the server's own, registered strictly before this extension."""
         return ()
 
-    def page(self, name: str) -> str | None:
-        """The page of ``name``'s latest call from an Apps client (None before one)."""
-        app = self._apps.get(name)
-        return self._pages.get(app.uri) if app is not None else None
+    def page(self, uri: str) -> str | None:
+        """The page at ``uri`` as the latest call from an Apps client drew it (None before one)."""
+        return self._pages.get(uri)
 
     async def intercept_tool_call(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
         result = await call_next(ctx)
-        app = self._apps.get(params.name)
+        chart = self._apps.get(params.name)
+        app = chart.pick(params.arguments or {}) if chart is not None else None
         if app is None or not isinstance(result, CallToolResult) or result.is_error:
             return result
         if not client_supports_apps(ctx) or not isinstance(result.structured_content, Mapping):

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar, cast, get_args
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, Resolve
+from mcp.server.mcpserver import AcceptedElicitation, Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -30,7 +30,7 @@ from shared.domain.models import AcceleratorType, ModelPreset
 
 __all__ = [
     "ID_PATTERN",
-    "IRRECOVERABLE_TOOLS",
+    "IRRECOVERABLE_ACTIONS",
     "TOOLSETS",
     "UUID_PATTERN",
     "AcceleratorChoice",
@@ -40,6 +40,7 @@ __all__ = [
     "ConfirmForm",
     "DeploymentIdArg",
     "ModelChoice",
+    "OptionalDeploymentIdArg",
     "PhaseChoice",
     "SeverityChoice",
     "TierChoice",
@@ -65,7 +66,7 @@ AcceleratorChoice = AcceleratorType  # the domain's allow-lists, so the schema a
 AlternativeAcceleratorsArg = Annotated[
     list[AcceleratorType] | None,
     Field(
-        description="Fallback slices, in order, when the accelerator is scarce; each must fit the model.",
+        description="Fallback slices, in order, when scarce.",
         max_length=4,
     ),
 ]
@@ -94,22 +95,23 @@ UUID_PATTERN = bounds.COMMAND_ID_PATTERN
 DeploymentIdArg = Annotated[
     str,
     Field(
-        description="Deployment id: a-z, 0-9 and '-'.",
+        description="Deployment id.",
         pattern=ID_PATTERN,
         max_length=40,
     ),
 ]
+OptionalDeploymentIdArg = Annotated[
+    str | None,
+    Field(description="Deployment id.", pattern=ID_PATTERN, max_length=40),
+]
 ConfirmArg = Annotated[
     str | None,
-    Field(
-        description="The token this tool's refusal returned, once the user agreed to the impact it stated.",
-        max_length=bounds.CONFIRM_CHARS,
-    ),
+    Field(description="Token from the refusal, once the user agreed.", max_length=bounds.CONFIRM_CHARS),
 ]
 CommandIdArg = Annotated[
     str | None,
     Field(
-        description="Idempotency key (a UUID).",
+        description="Idempotency UUID.",
         pattern=UUID_PATTERN,
     ),
 ]
@@ -228,40 +230,12 @@ def accepted_summary(accepted: CommandAccepted) -> str:
     return f"{published} {accepted.next_step}"
 
 
-def _confirmation_of(core: GatewayCore, action: Literal["delete", "stop", "restart"]) -> Callable[..., Any]:
-    """With elicitation: the impact and a token, minted before the user is asked. Without: None (the
-    caller's ``confirm`` token decides)."""
-
-    def resolve(deployment_id: str, ctx: Context) -> ConfirmationRequest | None:
-        if not supports_elicitation(ctx):
-            return None
-        try:
-            return core.request_confirmation(action, deployment_id)
-        except GatewayError as exc:
-            raise GatewayToolError(exc) from None
-
-    resolve.__name__ = resolve.__qualname__ = f"confirmation_of_{action}"
-    return resolve
-
-
-def _asking(confirmation: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """Ask the user to type the target's name under the impact (the same words every round)."""
-
-    def resolve(request: Annotated[ConfirmationRequest | None, Resolve(confirmation)]) -> Any:
-        if request is None:
-            return None
-        return Elicit(f"{request.impact}. Type '{request.target}' to confirm.", ConfirmForm)
-
-    resolve.__name__ = resolve.__qualname__ = f"ask_{name}"
-    return resolve
-
-
 Toolset = Literal["read-only", "operate", "all"]  # Settings.toolset, --toolset (a test keeps them equal)
 TOOLSETS: tuple[str, ...] = get_args(Toolset)
-# Tools that destroy state nothing can bring back: left out of the operate toolset. Stop, restart, update and a
-# token replacement are destructive too (confirmed), but reversible: start, another restart or update, the
-# secret's earlier versions.
-IRRECOVERABLE_TOOLS = frozenset({"tpu_delete_deployment"})
+# Actions that destroy state nothing can bring back, per tool: left out of the operate toolset (the tool is served
+# without them). Stop, restart, update and a token replacement are destructive too (confirmed), but reversible:
+# start, another restart or update, the secret's earlier versions.
+IRRECOVERABLE_ACTIONS: dict[str, frozenset[str]] = {"tpu_control": frozenset({"delete"})}
 
 
 def resolve_toolset(toolset: str | None, *, read_only: bool) -> Toolset:
@@ -277,12 +251,10 @@ def resolve_toolset(toolset: str | None, *, read_only: bool) -> Toolset:
 
 
 def serves(toolset: Toolset, name: str, hints: ToolAnnotations) -> bool:
-    """Whether a server of ``toolset`` lists the tool: read-only: readOnlyHint true; operate: all but the
-    irrecoverable ones; all: every tool."""
+    """Whether a server of ``toolset`` lists the tool: read-only: readOnlyHint true; operate and all: every tool
+    (operate serves them without their irrecoverable actions, ``ToolSet.actions``)."""
     if toolset == "read-only":
         return hints.read_only_hint is True
-    if toolset == "operate":
-        return name not in IRRECOVERABLE_TOOLS
     return True
 
 
@@ -293,8 +265,8 @@ def _explicit_hints(name: str, hints: ToolAnnotations) -> None:
         raise ValueError(f"tool {name}: readOnlyHint is not set; build its annotations with annotations(...)")
     if not hints.read_only_hint and hints.destructive_hint is None:
         raise ValueError(f"tool {name}: a writing tool needs an explicit destructiveHint; pass destructive=")
-    if name in IRRECOVERABLE_TOOLS and not hints.destructive_hint:
-        raise ValueError(f"tool {name}: an irrecoverable tool must be annotated destructive=True")
+    if name in IRRECOVERABLE_ACTIONS and not hints.destructive_hint:
+        raise ValueError(f"tool {name}: a tool with an irrecoverable action must be annotated destructive=True")
 
 
 class ToolSet:
@@ -308,20 +280,26 @@ class ToolSet:
         self.core = core
         self.toolset: Toolset = toolset
         self.tools: list[Tool] = []
-        self.confirmation = {action: _confirmation_of(core, action) for action in ("delete", "stop", "restart")}
-        self.ask = {action: _asking(self.confirmation[action], action) for action in ("delete", "stop", "restart")}
 
-    def tool(self, *, annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register a tool with a closed, strict input schema (``StrictTool``)."""
+    def tool(
+        self, *, annotations: ToolAnnotations, views: tuple[type[BaseModel], ...] = ()
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a tool with a closed, strict input schema (``StrictTool``); ``views``: the results of a tool
+        with several views (``StrictTool.strict``)."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            tool = StrictTool.strict(fn, annotations=annotations)
+            tool = StrictTool.strict(fn, annotations=annotations, views=views)
             _explicit_hints(tool.name, annotations)
             if serves(self.toolset, tool.name, annotations):
                 self.tools.append(tool)
             return fn
 
         return register
+
+    def actions(self, tool: str, actions: tuple[str, ...]) -> tuple[str, ...]:
+        """The actions of ``tool`` this toolset offers: operate leaves out the irrecoverable ones."""
+        left_out = IRRECOVERABLE_ACTIONS.get(tool, frozenset()) if self.toolset == "operate" else frozenset()
+        return tuple(action for action in actions if action not in left_out)
 
     @property
     def read_only(self) -> bool:
@@ -331,5 +309,5 @@ class ToolSet:
 
 WeightDtypeArg = Annotated[
     Literal["bfloat16", "fp8"] | None,
-    Field(description="Weight dtype (default bfloat16); fp8 halves the weights' HBM."),
+    Field(description="Weights; fp8 halves their HBM."),
 ]

@@ -58,7 +58,7 @@ def register(tools: ToolSet) -> None:
             token: Annotated[
                 str,
                 Field(
-                    description="A Hugging Face access token (hf_...).",
+                    description="A Hugging Face token (hf_...).",
                     max_length=bounds.HF_TOKEN_CHARS,
                 ),
             ],
@@ -66,15 +66,11 @@ def register(tools: ToolSet) -> None:
             answer: Annotated[ElicitationResult[ConfirmForm], Resolve(ask_token_replacement)],
             confirm: Annotated[
                 str | None,
-                Field(
-                    description="The token this tool's refusal returned, once the user agreed to the replacement.",
-                    max_length=bounds.CONFIRM_CHARS,
-                ),
+                Field(description="Token from the refusal, once the user agreed.", max_length=bounds.CONFIRM_CHARS),
             ] = None,
         ) -> Annotated[CallToolResult, SecretSaved]:
-            """Store the Hugging Face token the TPU VM uses for gated Gemma weights; it is never returned or
-            logged. Replacing a different one is confirmed first. `tpuctl token set` avoids passing it through a
-            model."""
+            """Store the Hugging Face token for gated weights; never shown or logged. `tpuctl token set` keeps it
+            away from the model."""
             confirmed = token_to_use(confirmation, answer, confirm)
             try:
                 saved = await run(lambda: core.save_hf_token(token, confirm=confirmed))

@@ -104,7 +104,7 @@ FIX_FIREWALL = (
 FIX_LOGIN = "run `gcloud auth login` (the tunnel uses gcloud's own credentials, not Application Default Credentials)"
 FIX_LOOKUP = (
     "grant your account compute.instances.get (Terraform: endpoint_tunnel_principals gets the tpuctlEndpointTunnel "
-    "role) and check that the VM still exists (tpu_get_deployment)"
+    "role) and check that the VM still exists (tpu_status(deployment_id=ID))"
 )
 
 
@@ -170,7 +170,7 @@ def tpu_vm_instance(tpu: TpuApi) -> Callable[[EndpointTarget], str]:
                     ErrorClass.NOT_FOUND,
                     "deployment_id",
                     f"TPU node {target.node} in {target.zone} no longer exists",
-                    "check tpu_get_deployment; the controller is replacing it",
+                    f"check tpu_status(deployment_id='{target.deployment_id}'); the controller is replacing it",
                 ) from None
             raise EndpointAccessError(
                 ErrorClass.TRANSIENT,
@@ -373,8 +373,8 @@ def _check(value: object, pattern: re.Pattern[str], name: str, expected: str) ->
             ErrorClass.INVALID,
             name,
             f"{shown!r} is not {expected}; nothing was started",
-            "check the deployment with tpu_get_deployment; a recorded value outside this pattern is never passed "
-            "to gcloud",
+            "check the deployment with tpu_status(deployment_id=ID); a recorded value outside this pattern is never "
+            "passed to gcloud",
         )
 
 
@@ -404,7 +404,7 @@ def _scheme_and_port(endpoint: str) -> tuple[str, int]:
             ErrorClass.INVALID,
             "endpoint",
             "the recorded endpoint is not an http(s) URL with a host",
-            "check the deployment with tpu_get_deployment",
+            "check the deployment with tpu_status(deployment_id=ID)",
         )
     return parts.scheme, port or _DEFAULT_VLLM_PORT
 

@@ -45,5 +45,6 @@ def deployment_stage(record: DeploymentRecord, now: datetime, *, clean: Callable
         detail = clean(status.message, 160)
         return f"Unhealthy ({phase.value}{elapsed})" + (f": {detail}" if detail else "")
     if phase is Phase.FAILED:
-        return "Failed: " + (clean(status.message, 200) or "see tpu_get_deployment attempts")
+        attempts = f"see the attempts in tpu_status(deployment_id='{record.deployment_id}')"
+        return "Failed: " + (clean(status.message, 200) or attempts)
     return phase.value.capitalize() + elapsed

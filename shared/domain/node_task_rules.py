@@ -19,14 +19,20 @@ NODE_PHASES = frozenset({Phase.BOOTING, Phase.COMPILING, Phase.SERVING, Phase.DE
 def no_node_reason(record: DeploymentRecord | None, deployment_id: str) -> str | None:
     """Why a node task cannot run on this deployment now (None: it can), naming the phase and the fix."""
     if record is None or record.desired is Desired.ABSENT or record.status.phase is Phase.DELETED:
-        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_list_deployments)"
+        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_status)"
     phase = record.status.phase
     if phase in NODE_PHASES:
         return None
     if phase in (Phase.PENDING, Phase.SEARCHING, Phase.PROVISIONING):
-        fix = "its TPU VM is not up yet; try again once tpu_get_deployment shows BOOTING or later"
+        fix = (
+            "its TPU VM is not up yet; try again once "
+            f"tpu_status(deployment_id='{record.deployment_id}') shows BOOTING or later"
+        )
     elif phase in (Phase.STOPPING, Phase.STOPPED):
-        fix = "it has no TPU VM while stopped; start it with tpu_start_deployment first"
+        fix = (
+            "it has no TPU VM while stopped; start it with "
+            f"tpu_control(action='start', deployment_id='{record.deployment_id}') first"
+        )
     else:
         fix = "it has no TPU VM; create or start a deployment first"
     return f"deployment_id: {deployment_id} is {phase.value}, so no node runs the vLLM container: {fix}"
@@ -44,6 +50,6 @@ def as_read(task: NodeTask, now: datetime, timeout_s: float) -> NodeTask:
             "status": "failed",
             "finished_at": now,
             "detail": f"the node agent did not answer within {timeout_s:.0f} s (the node may be down or restarting); "
-            "check tpu_get_deployment, then try again",
+            f"check tpu_status(deployment_id='{task.deployment_id}'), then try again",
         }
     )

@@ -2,7 +2,7 @@
 
 Why: a cold boot of vLLM on a TPU spends most of its time compiling (93 % of the 31B engine start), and every boot
 after a preemption, a stop/start or a move pays it again. A prewarm (``tpuctl prewarm``; ``prewarm`` on
-``tpu_create_deployment``) runs the same plan on the same slice once, as a builder (``COMPILE_CACHE_ROLE=fill``,
+``tpu_deploy``) runs the same plan on the same slice once, as a builder (``COMPILE_CACHE_ROLE=fill``,
 under the builder service account, serving nothing), so later boots in the region restore the compiled artefacts
 (``shared.domain.compile_cache``). The monitor deletes the deployment when its builder says ``prewarmed``; its
 ``ttl_hours`` is the backstop against a builder that never finishes.

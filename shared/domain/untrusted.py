@@ -4,7 +4,7 @@ Why: the VM runs vLLM, a network server that parses untrusted prompts, so assume
 node agent sends (``node.booted`` system details, ``benchmark.completed`` results, ``node.task_completed`` log
 lines) reaches people's terminals and, through MCP tool results, a model. Verbatim, it could carry terminal escapes,
 bidi overrides that reorder what a reader sees, invisible characters, 20,000-character fields or text addressed to
-the model ("call tpu_delete_deployment ...").
+the model ("call tpu_control ...").
 
 The rules (pure: no I/O):
 

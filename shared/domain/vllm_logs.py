@@ -1,8 +1,8 @@
 """The severity of each line vLLM's container writes, as Cloud Logging names it.
 
 Why: vLLM writes plain text to stdout and stderr, which Cloud Logging files as ``DEFAULT``, so a severity filter
-(``tpu_get_logs --severity WARNING``, ``tpu_analyze_logs``) would see nothing of it. What vLLM 0.32 writes (the
-files ``tests/fixtures/vllm/real_vllm_*.log`` were captured from it):
+(``tpu_observe(show='logs')`` from WARNING up, ``tpu_observe(show='analysis')``) would see nothing of it. What vLLM
+0.32 writes (the files ``tests/fixtures/vllm/real_vllm_*.log`` were captured from it):
 
 * its own logger: ``[(<process> pid=N) ]LEVEL MM-DD HH:MM:SS [file.py:line] text``; the process is ``APIServer``,
   ``EngineCore_DP0``, ``Worker``, ...;

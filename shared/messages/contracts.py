@@ -190,10 +190,18 @@ class BenchmarkRequest(BaseModel):
     trace: tuple[TraceRequest, ...] = Field(
         default=(), max_length=MAX_TRACE_REQUESTS, description="trace: the requests to replay at their timestamps."
     )
+    # Auto-tune (issue 22, item 5): trials of serving flags, each a max-rate-at-the-SLO search on a recreated vLLM.
+    tune_trials: int = Field(
+        default=0,
+        ge=0,
+        le=12,
+        description="0: a plain run. N: the baseline then up to N-1 trials of serving flags (shared.domain.autotune).",
+    )
 
     @model_validator(mode="after")
     def _mode_has_levels(self) -> BenchmarkRequest:
         self._check_workload()
+        self._check_tune()
         if self.workload == "trace":
             return self  # one level at the trace's own timestamps: mode, levels and num_prompts do not apply
         if self.mode == "rate" and not self.request_rate:
@@ -213,6 +221,17 @@ class BenchmarkRequest(BaseModel):
                     "lower num_prompts or set duration_s"
                 )
         return self
+
+    def _check_tune(self) -> None:
+        """A tune judges each trial by its max rate at the SLO, so it needs an SLO and arrivals it can set."""
+        if not self.tune_trials:
+            return
+        if self.slo_ttft_ms is None and self.slo_tpot_ms is None:
+            raise ValueError("slo_ttft_ms: a tune needs an SLO (slo_ttft_ms and/or slo_tpot_ms) to judge trials by")
+        if self.tune_trials < 2:
+            raise ValueError("tune_trials: give at least 2 (the baseline and one trial)")
+        if self.workload == "trace":
+            raise ValueError("workload: a trace sets its own arrivals; tune with random, shared_prefix or multi_turn")
 
     def _check_workload(self) -> None:
         """Each workload's own settings: present where needed, absent where they would be ignored."""

@@ -385,11 +385,11 @@ def _refusal(
     record: DeploymentRecord | None, deployment_id: str, request: BenchmarkRequest, plan: dict[str, Any]
 ) -> str | None:
     if record is None or record.desired is Desired.ABSENT or record.status.phase is Phase.DELETED:
-        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_list_deployments)"
+        return f"deployment_id: no live deployment {deployment_id!r} (check tpu_status)"
     if record.status.phase not in _RUNNABLE_PHASES:
         return (
             f"deployment_id: {deployment_id} is {record.status.phase.value}, not serving; "
-            "benchmark it once tpu_get_deployment shows SERVING"
+            f"benchmark it once tpu_status(deployment_id='{deployment_id}') shows SERVING"
         )
     return _fits(request, plan)
 

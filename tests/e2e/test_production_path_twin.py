@@ -5,7 +5,7 @@ Manager, Cloud Scheduler, Cloud TPU, Billing Catalog clients) against the Firest
 simulator and the local stand-ins; every TPU VM boots from its rendered startup script in a VM twin. One story:
 deploy, SERVING, a query, a benchmark written back by the node agent the script installed from the Cloud Storage
 bundle, vLLM's lines in Cloud Logging with the severities parsed from vLLM's format (read back by
-``tpu_get_logs``), the plan's fp8 KV cache found running in the weights' dtype, a frozen engine called STALLED
+``tpu_observe`` logs), the plan's fp8 KV cache found running in the weights' dtype, a frozen engine called STALLED
 and restarted by the monitor after the node kept a debug bundle of it in Cloud Storage, ``serving.restart`` (a
 new vLLM process), a log tail, a spot preemption whose replacement restores the weights from the region's
 cache bucket, delete, zero orphans and no secret anywhere.
@@ -81,7 +81,7 @@ def _answers(url: str) -> bool:
 
 
 def _logs_with(gateway: GatewayCore, text: str, timeout_s: float) -> LogsView:
-    """vLLM's lines as tpu_get_logs reads them from Cloud Logging, once one contains ``text``."""
+    """vLLM's lines as tpu_observe(show='logs') reads them from Cloud Logging, once one contains ``text``."""
     deadline = time.monotonic() + timeout_s
     while True:
         logs = gateway.get_logs(deployment_id=SPEC.deployment_id, source="node", limit=200, minutes=60)

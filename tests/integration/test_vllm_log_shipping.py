@@ -1,4 +1,4 @@
-"""vLLM's lines travel from the container to ``tpu_get_logs`` as on Google Cloud, on the VM twin's parts.
+"""vLLM's lines travel from the container to ``tpu_observe(show='logs')`` as on Google Cloud, on the VM twin's parts.
 
 The node agent's shipping thread (``ship_serving_logs``, what ``main`` starts) runs in its own process, started as a
 TPU VM starts the agent: ``TPUCTL_BACKEND=gcp`` (so the wiring picks Cloud Logging), ``GCE_METADATA_HOST`` naming
@@ -129,7 +129,7 @@ def eventually(
     raise AssertionError(f"{what}: not within 60 s")
 
 
-def test_vllm_lines_reach_tpu_get_logs_with_their_severity_redacted_and_as_the_vm(twin: Twin) -> None:
+def test_vllm_lines_reach_the_logs_view_with_their_severity_redacted_and_as_the_vm(twin: Twin) -> None:
     shipper = start_shipper(twin)
     reader = CloudLoggingReader(PROJECT, endpoint=twin.apis.base_url)
     query = LogQuery(deployment_id=DEPLOYMENT, source="node", min_severity="WARNING", limit=100)

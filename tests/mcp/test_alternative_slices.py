@@ -1,4 +1,5 @@
-"""Alternative slices (issue 21, item 5) through the MCP tools and the CLI: validated by fit, published, shown."""
+"""Alternative slices (issue 21, item 5) through the MCP tools, the core's plan (``tpu_plan`` takes no alternatives
+over MCP since issue #23; ``tpuctl plan`` does) and the CLI: validated by fit, published, shown."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import pytest
 
 from mcp_client_gateway.cli import run
+from mcp_client_gateway.core import GatewayError
 from shared.domain.models import QueuedResourceState, ResourceRef, Tier
 from shared.messages import CreateDeployment
 from tests.mcp.conftest import GatewayWorld, call, text
@@ -15,29 +17,22 @@ pytestmark = pytest.mark.anyio
 
 
 class TestPlanAndCreate:
-    async def test_the_plan_lists_each_alternative_with_its_own_tensor_parallel_size(self, world: GatewayWorld) -> None:
-        result = await call(
-            world,
-            "tpu_plan_deployment",
-            {
-                "model": "gemma-4-26b-a4b",
-                "accelerator": "v6e-8",
-                "alternative_accelerators": ["v6e-4"],
-                "zones": ["us-east5-b"],
-            },
+    def test_the_plan_lists_each_alternative_with_its_own_tensor_parallel_size(self, world: GatewayWorld) -> None:
+        # tpu_plan takes no alternative_accelerators over MCP (issue #23): the core's plan, as tpuctl plan calls it
+        plan = world.core.plan(
+            model="gemma-4-26b-a4b", accelerator="v6e-8", alternative_accelerators=["v6e-4"], zones=["us-east5-b"]
         )
-        assert not result.is_error, text(result)
-        (alternative,) = result.structured_content["alternatives"]
-        assert alternative["accelerator"] == "v6e-4"
-        assert alternative["chips"] == 4 and alternative["tensor_parallel_size"] == 4
-        assert result.structured_content["capacity"]["tensor_parallel"] == 8
+        (alternative,) = plan.alternatives
+        assert alternative.accelerator == "v6e-4"
+        assert alternative.chips == 4 and alternative.tensor_parallel_size == 4
+        assert plan.capacity.tensor_parallel == 8
 
     async def test_an_alternative_that_does_not_fit_is_refused_naming_the_field_and_the_fix(
         self, world: GatewayWorld
     ) -> None:
         result = await call(
             world,
-            "tpu_create_deployment",
+            "tpu_deploy",
             {
                 "deployment_id": "big",
                 "model": "gemma-4-31b",
@@ -52,17 +47,26 @@ class TestPlanAndCreate:
         assert world.published() == []
 
     async def test_the_accelerator_itself_as_an_alternative_is_refused(self, world: GatewayWorld) -> None:
+        with pytest.raises(GatewayError) as refused:
+            world.core.plan(model="gemma-4-26b-a4b", accelerator="v6e-4", alternative_accelerators=["v6e-4"])
+        assert refused.value.code == "invalid_argument" and refused.value.field == "alternative_accelerators[0]"
         result = await call(
             world,
-            "tpu_plan_deployment",
-            {"model": "gemma-4-26b-a4b", "accelerator": "v6e-4", "alternative_accelerators": ["v6e-4"]},
+            "tpu_deploy",
+            {
+                "deployment_id": "same",
+                "model": "gemma-4-26b-a4b",
+                "accelerator": "v6e-4",
+                "alternative_accelerators": ["v6e-4"],
+            },
         )
         assert result.is_error and "alternative_accelerators[0]" in text(result)
+        assert world.published() == []
 
     async def test_a_create_with_a_fitting_alternative_is_published_with_it(self, world: GatewayWorld) -> None:
         result = await call(
             world,
-            "tpu_create_deployment",
+            "tpu_deploy",
             {
                 "deployment_id": "step",
                 "model": "gemma-4-26b-a4b",
@@ -86,7 +90,7 @@ class TestDeploymentShowsTheGrantedSlice:
         world.store.put_deployment(
             record.model_copy(update={"spec": spec, "status": status}), expected_version=record.version
         )
-        result = await call(world, "tpu_get_deployment", {"deployment_id": "step"})
+        result = await call(world, "tpu_status", {"deployment_id": "step"})
         assert not result.is_error, text(result)
         detail = result.structured_content
         assert detail["accelerator"] == "v6e-8" and detail["alternative_accelerators"] == ["v6e-4"]

@@ -1,4 +1,4 @@
-"""Benchmark tools (run, result, compare) and the Hugging Face token tool."""
+"""tpu_benchmark (run), tpu_observe's benchmark views (one run, runs compared) and the Hugging Face token tool."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from mcp.types import ElicitResult
 
+from mcp_client_gateway.core import GatewayError
 from shared.domain.models import BenchmarkRun, Phase
 from shared.domain.throughput_bound import judge_throughput
 from shared.messages import RunBenchmark, new_command_id
@@ -46,30 +47,43 @@ class TestRunBenchmark:
     async def test_a_serving_deployment_gets_a_run_command_whose_id_is_the_run_id(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         result = await call(
-            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "concurrency": [1, 8], "output_len": 32}
+            world, "tpu_benchmark", {"deployment_id": "gemma-a", "concurrency": [1, 8], "output_len": 32}
         )
         assert not result.is_error, text(result)
         (message,) = world.published()
         assert isinstance(message, RunBenchmark)
         assert message.command_id == result.structured_content["command_id"]
         assert message.benchmark.concurrency == (1, 8) and message.benchmark.output_len == 32
+        assert message.benchmark.mode == "concurrency" and message.benchmark.endpoint == "completions"
+        assert f"tpu_observe(show='benchmarks', command_id='{message.command_id}')" in text(result)
 
     async def test_a_deployment_that_is_not_serving_is_refused(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.COMPILING)
-        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a"})
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a"})
         assert result.is_error and "[failed_precondition]" in text(result)
+        assert "tpu_status(deployment_id='gemma-a') shows SERVING" in text(result)
         assert world.published() == []
 
-    async def test_rate_mode_without_rates_is_refused_naming_the_field(self, world: GatewayWorld) -> None:
+    async def test_request_rates_make_a_rate_sweep(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
-        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "mode": "rate"})
-        assert result.is_error and "[invalid_argument] request_rate" in text(result)
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a", "request_rate": [0.5, 2.0]})
+        assert not result.is_error, text(result)
+        (message,) = world.published()
+        assert isinstance(message, RunBenchmark)
+        assert message.benchmark.mode == "rate" and message.benchmark.request_rate == (0.5, 2.0)
+
+    def test_the_core_refuses_rate_mode_without_rates_naming_the_field(self, world: GatewayWorld) -> None:
+        # Over MCP the mode follows from request_rate, so only the core (and the CLI) can ask for rates without any.
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        with pytest.raises(GatewayError) as refused:
+            world.core.run_benchmark("gemma-a", benchmark={"mode": "rate"})
+        assert refused.value.render().startswith("[invalid_argument] request_rate")
         assert world.published() == []
 
     async def test_a_shared_prefix_workload_reaches_the_command(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         arguments = {"workload": "shared_prefix", "prefix_len": 192, "prefix_share": 0.75, "slo_ttft_ms": 500.0}
-        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", **arguments})
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a", **arguments})
         assert not result.is_error, text(result)
         (message,) = world.published()
         assert isinstance(message, RunBenchmark)
@@ -79,35 +93,44 @@ class TestRunBenchmark:
     async def test_a_prefix_as_long_as_the_prompt_is_refused_naming_prefix_len(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         arguments = {"workload": "shared_prefix", "prefix_len": 256, "input_len": 256}
-        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", **arguments})
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a", **arguments})
         assert result.is_error and "[invalid_argument] prefix_len" in text(result)
         assert "below input_len" in text(result)
         assert world.published() == []
 
-    async def test_a_trace_is_sent_whole_and_a_bad_entry_is_refused_by_name(self, world: GatewayWorld) -> None:
+    def test_the_core_sends_a_trace_whole_and_refuses_a_bad_entry_by_name(self, world: GatewayWorld) -> None:
+        # Trace replay is not an MCP argument any more (tpuctl bench run --trace-file); the core still takes it.
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
         trace = [
             {"timestamp": 0.0, "input_len": 64, "output_len": 16},
             {"timestamp": 0.5, "input_len": 32, "output_len": 8},
         ]
-        result = await call(
-            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "workload": "trace", "trace": trace}
-        )
-        assert not result.is_error, text(result)
+        world.core.run_benchmark("gemma-a", benchmark={"mode": "concurrency", "workload": "trace", "trace": trace})
         (message,) = world.published()
         assert isinstance(message, RunBenchmark)
         assert [entry.model_dump() for entry in message.benchmark.trace] == trace
-        bad = [{"timestamp": 0.0, "input_len": "64", "output_len": 16}]
-        refused = await call(
-            world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "workload": "trace", "trace": bad}
-        )
-        assert refused.is_error and "trace" in text(refused).split("]", 1)[1][:12]
+        bad = [{"timestamp": 0.0, "input_len": 0, "output_len": 16}]  # no tokens to send
+        with pytest.raises(GatewayError) as refused:
+            world.core.run_benchmark("gemma-a", benchmark={"mode": "concurrency", "workload": "trace", "trace": bad})
+        assert refused.value.code == "invalid_argument" and refused.value.field == "trace.0.input_len"
         assert world.published() == []  # nothing more was published
+
+    async def test_trace_is_not_an_mcp_argument(self, world: GatewayWorld) -> None:
+        world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+        trace = [{"timestamp": 0.0, "input_len": 64, "output_len": 16}]
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a", "trace": trace})
+        assert result.is_error and "[invalid_argument] trace: is not a parameter of tpu_benchmark" in text(result)
+        assert world.published() == []
 
     async def test_an_absurd_sweep_is_refused_by_the_schema(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
-        result = await call(world, "tpu_run_benchmark", {"deployment_id": "gemma-a", "concurrency": [100000]})
+        result = await call(world, "tpu_benchmark", {"deployment_id": "gemma-a", "concurrency": [100000]})
         assert result.is_error and "concurrency" in text(result)
+        assert world.published() == []
+
+
+def show_run(run_id: str) -> dict[str, Any]:
+    return {"show": "benchmarks", "command_id": run_id}
 
 
 class TestResults:
@@ -118,9 +141,10 @@ class TestResults:
         newer = run_record("gemma-a", minutes_ago=5, peak=600.0, ttft=150.0)
         for run in (older, newer):
             world.store.create_benchmark_run(run)
-        result = await call(world, "tpu_get_benchmark", {"run_id": newer.run_id})
+        result = await call(world, "tpu_observe", show_run(newer.run_id))
         assert not result.is_error, text(result)
         body = result.structured_content
+        assert body["run_id"] == newer.run_id
         assert body["headline"]["peak_output_throughput"] == 600.0
         assert body["headline"]["peak_at_level"] == 16.0
         assert body["headline"]["median_ttft_ms_at_knee"] == 150.0  # no knee recorded: at the peak level
@@ -137,20 +161,21 @@ class TestResults:
         old = run_record("gemma-b", minutes_ago=5, peak=600.0, ttft=150.0)  # stored before the check existed
         for run in (judged, old):
             world.store.create_benchmark_run(run)
-        result = await call(world, "tpu_get_benchmark", {"run_id": judged.run_id})
+        result = await call(world, "tpu_observe", show_run(judged.run_id))
         assert not result.is_error, text(result)
         summary = result.content[0].text  # the line before the JSON
         assert summary.endswith(f" {verdict.finding}.")
         assert "throughput implausibly high: 9,000.0 tok/s measured" in verdict.finding
         assert result.structured_content["result"]["comparison"]["throughput_bound"] == check
-        plain = await call(world, "tpu_get_benchmark", {"run_id": old.run_id})
+        plain = await call(world, "tpu_observe", show_run(old.run_id))
         assert not plain.is_error and "bound" not in plain.content[0].text
 
     async def test_an_unknown_run_is_not_found_and_a_malformed_id_refused(self, world: GatewayWorld) -> None:
-        missing = await call(world, "tpu_get_benchmark", {"run_id": new_command_id()})
+        missing = await call(world, "tpu_observe", show_run(new_command_id()))
         assert missing.is_error and "[not_found]" in text(missing)
-        bad = await call(world, "tpu_get_benchmark", {"run_id": "latest"})
-        assert bad.is_error and "run_id" in text(bad)
+        assert "tpu_observe(show='benchmarks')" in text(missing)
+        bad = await call(world, "tpu_observe", show_run("latest"))
+        assert bad.is_error and "[invalid_argument] command_id" in text(bad)
 
     async def test_compare_puts_runs_of_several_deployments_side_by_side(self, world: GatewayWorld) -> None:
         fast = run_record("gemma-a", minutes_ago=30, peak=900.0, ttft=120.0)
@@ -158,15 +183,26 @@ class TestResults:
         failed = run_record("gemma-b", minutes_ago=10, peak=0, ttft=0, model="gemma-4-31b", status="failed")
         for run in (fast, slow, failed):
             world.store.create_benchmark_run(run)
-        result = await call(world, "tpu_compare_benchmarks", {})
+        result = await call(world, "tpu_observe", {"show": "benchmarks"})
+        assert not result.is_error, text(result)
         body = result.structured_content
         assert [row["run_id"] for row in body["rows"]] == [failed.run_id, slow.run_id, fast.run_id]
         assert body["best"]["peak_output_throughput"] == fast.run_id
         assert body["best"]["median_ttft_ms_at_knee"] == fast.run_id
-        only_31b = await call(world, "tpu_compare_benchmarks", {"model": "gemma-4-31b"})
-        assert {row["deployment_id"] for row in only_31b.structured_content["rows"]} == {"gemma-b"}
-        bad = await call(world, "tpu_compare_benchmarks", {"limit": 0})
+        only_b = await call(world, "tpu_observe", {"show": "benchmarks", "deployment_id": "gemma-b", "limit": 1})
+        assert [row["run_id"] for row in only_b.structured_content["rows"]] == [failed.run_id]
+        bad = await call(world, "tpu_observe", {"show": "benchmarks", "limit": 0})
         assert bad.is_error and "limit" in text(bad)
+
+    def test_the_core_filters_a_comparison_by_model(self, world: GatewayWorld) -> None:
+        # The model filter is not an MCP argument any more (tpuctl bench compare --model); the core keeps it.
+        for run in (
+            run_record("gemma-a", minutes_ago=30, peak=900.0, ttft=120.0),
+            run_record("gemma-b", minutes_ago=20, peak=300.0, ttft=400.0, model="gemma-4-31b"),
+        ):
+            world.store.create_benchmark_run(run)
+        only_31b = world.core.compare_benchmarks(model="gemma-4-31b")
+        assert {row.deployment_id for row in only_31b.rows} == {"gemma-b"}
 
 
 class TestHuggingFaceToken:

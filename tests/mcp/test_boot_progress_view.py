@@ -1,5 +1,5 @@
-"""The startup script's boot stage, as the monitor stored it, in ``tpu_get_deployment``, in the progress line that
-``tpu_get_operation`` and ``tpuctl deploy --wait`` show, and in ``tpuctl status``."""
+"""The startup script's boot stage, as the monitor stored it, in ``tpu_status(deployment_id=...)``, in the progress
+line that ``tpu_status(command_id=...)`` and ``tpuctl deploy --wait`` show, and in ``tpuctl status``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def with_boot(
 
 async def get(world: GatewayWorld) -> Any:
     async with Client(world.server()) as session:
-        result = await session.call_tool("tpu_get_deployment", {"deployment_id": "gemma-a"})
+        result = await session.call_tool("tpu_status", {"deployment_id": "gemma-a"})
     assert not result.is_error
     return result.structured_content
 

@@ -160,11 +160,11 @@ async def test_over_mcp_the_refusal_carries_the_terms_and_a_token_books(world: G
         "book_calendar": True,
     }
     async with Client(server) as session:
-        refused = await session.call_tool("tpu_create_deployment", arguments)
+        refused = await session.call_tool("tpu_deploy", arguments)
         body = refusal_confirmation(refused)
         assert body["action"] == "book_calendar" and "paid for the whole window" in body["impact"]
         assert world.published() == []
-        accepted = await session.call_tool("tpu_create_deployment", {**arguments, "confirm": body["confirm"]})
+        accepted = await session.call_tool("tpu_deploy", {**arguments, "confirm": body["confirm"]})
     assert not accepted.is_error
     (message,) = world.published()
     assert message.spec.calendar is not None and message.spec.reservation_name == "tpuctl-cal-gemma-a"
@@ -185,7 +185,7 @@ async def test_a_client_with_elicitation_asks_the_user_with_the_terms(
 
     arguments = {"deployment_id": "gemma-a", "model": "gemma-4-26b-a4b", "zones": [ZONE], "book_calendar": True}
     async with Client(build_server(_core(world, windows)), elicitation_callback=callback) as session:
-        result = await session.call_tool("tpu_create_deployment", arguments)
+        result = await session.call_tool("tpu_deploy", arguments)
     assert len(asked) == 1 and "paid for the whole window whether used or not" in asked[0]
     assert result.is_error is not books
     published = world.published()

@@ -1,5 +1,6 @@
-"""MCP Apps: a client that negotiated Apps gets ``ui://`` chart pages drawn from the store's values; one that did not
-gets exactly the result it got before. Real SDK clients over the in-memory transport, and one over stdio."""
+"""MCP Apps: a client that negotiated Apps gets ``ui://`` chart pages drawn from the store's values (``tpu_observe``'s
+metrics and benchmark views, ``tpu_status``'s deployment view); one that did not gets exactly the result it got
+before. Real SDK clients over the in-memory transport, and one over stdio."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 
 from mcp_client_gateway.charts import CSP
 from mcp_client_gateway.server import build_server
-from mcp_client_gateway.tools.chart_apps import CHART_APPS
+from mcp_client_gateway.tools.chart_apps import BENCHMARK, CHART_APPS, COMPARISON, DEPLOYMENT, METRICS
 from shared.domain.models import BenchmarkRun, MonitorSample, Phase
 from shared.messages import new_command_id
 from tests.mcp.conftest import GatewayWorld, seed_monitor_restart
@@ -27,9 +28,10 @@ pytestmark = pytest.mark.anyio
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APPS = [advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})]
-METRICS_URI = CHART_APPS["tpu_get_metrics"].uri
-BENCH_URI = CHART_APPS["tpu_get_benchmark"].uri
-DEPLOYMENT_URI = CHART_APPS["tpu_get_deployment"].uri
+METRICS_URI = METRICS.uri
+BENCH_URI = BENCHMARK.uri
+COMPARISON_URI = COMPARISON.uri
+DEPLOYMENT_URI = DEPLOYMENT.uri
 # (minutes ago, TTFT p50 s, generated tokens/s, KV-cache use)
 SAMPLES = ((30, 0.123, 456.5, 0.25), (20, 0.150, 512.0, 0.5), (10, 0.097, 640.25, 0.75))
 HOSTILE = '<script>alert("x")</script>\u202egnp.exe"><img src=//evil.example/a>'
@@ -114,19 +116,22 @@ async def read_page(client: Client, uri: str) -> str:
 
 
 class TestAnAppsClient:
-    async def test_the_metrics_tool_carries_a_ui_resource_whose_page_charts_the_stored_samples(
+    async def test_the_observe_tool_lists_the_metrics_page_which_charts_the_stored_samples(
         self, world: GatewayWorld
     ) -> None:
         store_samples(world)
         async with Client(world.server(), extensions=APPS) as client:
             listed = {tool.name: tool for tool in (await client.list_tools()).tools}
             resources = {str(r.uri): r.mime_type for r in (await client.list_resources()).resources}
-            result = await client.call_tool("tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 60})
+            result = await client.call_tool("tpu_observe", {"deployment_id": "gemma-a", "minutes": 60})
             html = await read_page(client, METRICS_URI)
-        assert listed["tpu_get_metrics"].meta == {"ui": {"resourceUri": METRICS_URI}}
+        assert CHART_APPS["tpu_observe"].pages == (METRICS, BENCHMARK, COMPARISON)  # the first is the listed one
+        assert listed["tpu_observe"].meta == {"ui": {"resourceUri": METRICS_URI}}
         charted = {name for name, tool in listed.items() if (tool.meta or {}).get("ui")}
-        assert charted == {"tpu_get_metrics", "tpu_get_benchmark", "tpu_compare_benchmarks", "tpu_get_deployment"}
-        assert resources == {CHART_APPS[name].uri: APP_MIME_TYPE for name in charted}  # none for unserved tools
+        assert charted == {"tpu_observe", "tpu_status"}
+        pages = {app.uri for name in charted for app in CHART_APPS[name].pages}
+        assert pages == {METRICS_URI, BENCH_URI, COMPARISON_URI, DEPLOYMENT_URI}
+        assert resources == dict.fromkeys(pages, APP_MIME_TYPE)  # every page of every chart tool, and no other
         assert not result.is_error and ui_of(result) == {"resourceUri": METRICS_URI}
         assert html.startswith("<!DOCTYPE html>") and f'content="{CSP}"' in html
         assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
@@ -143,16 +148,17 @@ class TestAnAppsClient:
     ) -> None:
         run_id = store_run(world)
         async with Client(world.server(), extensions=APPS) as client:
-            result = await client.call_tool("tpu_get_benchmark", {"run_id": run_id})
+            result = await client.call_tool("tpu_observe", {"show": "benchmarks", "command_id": run_id})
             html = await read_page(client, BENCH_URI)
-            compared = await client.call_tool("tpu_compare_benchmarks", {"deployment_id": "gemma-a"})
-            comparison = await read_page(client, CHART_APPS["tpu_compare_benchmarks"].uri)
+            compared = await client.call_tool("tpu_observe", {"show": "benchmarks", "deployment_id": "gemma-a"})
+            comparison = await read_page(client, COMPARISON_URI)
         assert ui_of(result) == {"resourceUri": BENCH_URI}
         assert drawn(html, "output") == [(1.0, 101.5), (4.0, 377.0), (16.0, 802.25)]
         assert drawn(html, "p99") == [(1.0, 55.0), (4.0, 90.0), (16.0, 260.0)]
         assert "<script" not in html and "<img" not in html and "\u202e" not in html
         assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
-        assert ui_of(compared) is not None and run_id in comparison and "1 benchmark run(s) compared" in comparison
+        assert ui_of(compared) == {"resourceUri": COMPARISON_URI}
+        assert run_id in comparison and "1 benchmark run(s) compared" in comparison
 
     async def test_the_deployment_page_shows_its_phase_and_the_timeline_the_store_holds(
         self, world: GatewayWorld
@@ -160,9 +166,9 @@ class TestAnAppsClient:
         store_history(world)
         async with Client(world.server(), extensions=APPS) as client:
             listed = {tool.name: tool for tool in (await client.list_tools()).tools}
-            result = await client.call_tool("tpu_get_deployment", {"deployment_id": "gemma-a"})
+            result = await client.call_tool("tpu_status", {"deployment_id": "gemma-a"})
             html = await read_page(client, DEPLOYMENT_URI)
-        assert listed["tpu_get_deployment"].meta == {"ui": {"resourceUri": DEPLOYMENT_URI}}
+        assert listed["tpu_status"].meta == {"ui": {"resourceUri": DEPLOYMENT_URI}}
         assert not result.is_error and ui_of(result) == {"resourceUri": DEPLOYMENT_URI}
         assert "timeline" not in (result.structured_content or {}), "the result is the tool's own"
         assert html.startswith("<!DOCTYPE html>") and f'content="{CSP}"' in html
@@ -182,7 +188,26 @@ class TestAnAppsClient:
     async def test_before_any_call_the_page_says_to_call_the_tool(self, world: GatewayWorld) -> None:
         async with Client(world.server(), extensions=APPS) as client:
             html = await read_page(client, METRICS_URI)
-        assert "No chart yet: call tpu_get_metrics first" in html and "<circle" not in html
+            deployment = await read_page(client, DEPLOYMENT_URI)
+        assert "No chart yet: call tpu_observe(show=&#x27;metrics&#x27;) first" in html and "<circle" not in html
+        assert "No chart yet: call tpu_status(deployment_id=...) first" in deployment
+
+    async def test_each_call_names_the_page_of_its_view_and_a_view_without_a_chart_names_none(
+        self, world: GatewayWorld
+    ) -> None:
+        run_id = store_run(world)
+        async with Client(world.server(), extensions=APPS) as client:
+            one_run = await client.call_tool("tpu_observe", {"show": "benchmarks", "command_id": run_id})
+            compared = await client.call_tool("tpu_observe", {"show": "benchmarks"})
+            logs = await client.call_tool("tpu_observe", {"show": "logs", "deployment_id": "gemma-a"})
+            listing = await client.call_tool("tpu_status", {})
+            metrics_page = await read_page(client, METRICS_URI)
+            deployment_page = await read_page(client, DEPLOYMENT_URI)
+        assert not one_run.is_error and ui_of(one_run) == {"resourceUri": BENCH_URI}
+        assert not compared.is_error and ui_of(compared) == {"resourceUri": COMPARISON_URI}
+        assert not logs.is_error and ui_of(logs) is None, texts(logs)
+        assert not listing.is_error and ui_of(listing) is None, texts(listing)
+        assert "No chart yet" in metrics_page and "No chart yet" in deployment_page  # neither call drew a page
 
 
 class TestAClientWithoutApps:
@@ -190,11 +215,11 @@ class TestAClientWithoutApps:
         store_samples(world)
         run_id = store_run(world)
         store_history(world)
-        calls = [
-            ("tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 60}),
-            ("tpu_get_benchmark", {"run_id": run_id}),
-            ("tpu_compare_benchmarks", {}),
-            ("tpu_get_deployment", {"deployment_id": "gemma-a"}),
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("tpu_observe", {"deployment_id": "gemma-a", "minutes": 60}),
+            ("tpu_observe", {"show": "benchmarks", "command_id": run_id}),
+            ("tpu_observe", {"show": "benchmarks"}),
+            ("tpu_status", {"deployment_id": "gemma-a"}),
         ]
         results: dict[str, list[Any]] = {"apps": [], "plain": []}
         for key, server in (("apps", world.server()), ("plain", build_server(world.core, chart_apps=False))):
@@ -212,7 +237,7 @@ class TestAClientWithoutApps:
     async def test_advertising_apps_without_its_mime_type_is_not_negotiating_it(self, world: GatewayWorld) -> None:
         store_samples(world)
         async with Client(world.server(), extensions=[advertise(EXTENSION_ID, {"mimeTypes": ["text/html"]})]) as c:
-            result = await c.call_tool("tpu_get_metrics", {"deployment_id": "gemma-a"})
+            result = await c.call_tool("tpu_observe", {"deployment_id": "gemma-a"})
         assert not result.is_error and ui_of(result) is None
 
 
@@ -227,7 +252,7 @@ async def test_over_stdio_an_apps_client_reads_the_chart_of_the_stored_samples(
     args = ["-m", "mcp_client_gateway", "--data-dir", str(tmp_path)]
     params = StdioServerParameters(command=sys.executable, args=args, env=env)
     async with Client(params, extensions=APPS) as client:
-        result = await client.call_tool("tpu_get_metrics", {"deployment_id": "gemma-a"})
+        result = await client.call_tool("tpu_observe", {"deployment_id": "gemma-a"})
         html = await read_page(client, METRICS_URI)
     assert ui_of(result) == {"resourceUri": METRICS_URI}, texts(result)
     assert [y for _, y in drawn(html, "generated")] == [456.5, 512.0, 640.25]

@@ -11,8 +11,7 @@ from typing import Any
 
 from mcp_client_gateway.cli import EXIT_FAILED, EXIT_OK, _wording, run
 from mcp_client_gateway.cli_output import Output, render_serving_logs
-from mcp_client_gateway.models import ServingLogsView
-from shared.domain.models import BenchmarkRun
+from shared.domain.models import BenchmarkRun, NodeTask
 from shared.domain.throughput_bound import judge_throughput
 from tests.mcp.conftest import GatewayWorld
 
@@ -154,19 +153,17 @@ def test_wait_speaks_when_the_stage_changes_not_when_its_minutes_count_up() -> N
     assert _wording("searching: waited 3 min") != _wording("booting: vLLM loads (3 min)")
 
 
-def test_a_next_step_the_cli_prints_names_tpuctl_commands_not_tools() -> None:
-    view = ServingLogsView(
-        deployment_id="gemma-a",
-        task_id="3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c",
-        status="pending",
-        done=False,
-        lines=[],
-        truncated=False,
-        next_step="The node agent has not answered yet; call tpu_tail_serving_logs again with "
-        "task_id='3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c' in a few seconds.",
+def test_a_next_step_the_cli_prints_names_tpuctl_commands_not_tools(world: GatewayWorld) -> None:
+    task_id = "3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c"
+    world.seed("gemma-a", endpoint="http://10.0.0.5:8000")
+    world.store.create_node_task(
+        NodeTask(task_id=task_id, deployment_id="gemma-a", action="logs", requested_at=datetime.now(UTC))
     )
+    view = world.core.tail_serving_logs("gemma-a", task_id=task_id)  # the node has not answered: pending
+    assert view.status == "pending"
+    assert f"tpu_control(action='log_tail', deployment_id='gemma-a', task_id='{task_id}')" in view.next_step
     stdout, stderr = io.StringIO(), io.StringIO()
     render_serving_logs(view, Output("table", False, stdout, stderr))
     said = stderr.getvalue()
-    assert "tpuctl logs" in said and "--task-id 3f0c2a9e-5b1d-4c7e-9a2b-1d2e3f4a5b6c" in said
-    assert "tpu_tail_serving_logs" not in said and "task_id=" not in said
+    assert f"call tpuctl logs gemma-a --task-id {task_id} again" in said
+    assert "tpu_control" not in said and "action=" not in said and "task_id=" not in said

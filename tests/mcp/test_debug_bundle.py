@@ -202,7 +202,9 @@ class TestReading:
         kept_by_restart(world, bundles, encoded(a_bundle("x", reason="the newest one")))
 
         async with Client(world.server()) as session:
-            result = await session.call_tool("tpu_debug_bundle", {"deployment_id": "gemma-a", "task_id": first})
+            result = await session.call_tool(
+                "tpu_observe", {"show": "debug_bundle", "deployment_id": "gemma-a", "command_id": first}
+            )
 
         assert not result.is_error
         assert result.structured_content["reason"] == "the first one"
@@ -237,7 +239,7 @@ class TestReading:
         view = world.core.debug_bundle("gemma-a")
 
         assert view.status == "none" and view.task_id is None and view.processes == []
-        assert "tpu_debug_bundle(deployment_id='gemma-a', capture=true)" in view.next_step
+        assert "tpu_control(action='capture_bundle', deployment_id='gemma-a')" in view.next_step
         assert "before every restart" in view.next_step
         assert "tpuctl debug gemma-a --capture" in cli_text(view.next_step)
         assert world.published() == []
@@ -359,10 +361,35 @@ class TestCapture:
         assert isinstance(published, CaptureDebugBundle)
         assert published.deployment_id == "gemma-a" and published.reason == "requested by a user"
         assert view.status == "pending" and view.task_id == published.command_id
-        assert f"task_id='{published.command_id}'" in view.next_step
+        poll = f"tpu_control(action='capture_bundle', deployment_id='gemma-a', task_id='{published.command_id}')"
+        assert poll in view.next_step
         assert f"tpuctl debug gemma-a --task-id {published.command_id}" in cli_text(view.next_step)
         again = world.core.debug_bundle("gemma-a", task_id=view.task_id)
         assert again.status == "pending" and world.published() == []
+
+    @pytest.mark.anyio
+    async def test_capture_over_mcp_publishes_once_and_polling_with_the_task_id_publishes_nothing(
+        self, world: GatewayWorld, bundles: MemoryBundles
+    ) -> None:
+        world.seed("gemma-a", phase=Phase.STALLED)
+        world.core.debugging.capture_wait_s = 0.0
+
+        async with Client(world.server()) as session:
+            captured = await session.call_tool("tpu_control", {"action": "capture_bundle", "deployment_id": "gemma-a"})
+            (published,) = world.published()
+            task_id = captured.structured_content["task_id"]
+            polled = await session.call_tool(
+                "tpu_control", {"action": "capture_bundle", "deployment_id": "gemma-a", "task_id": task_id}
+            )
+            read = await session.call_tool(
+                "tpu_observe", {"show": "debug_bundle", "deployment_id": "gemma-a", "command_id": task_id}
+            )
+
+        assert not captured.is_error and captured.structured_content["status"] == "pending"
+        assert isinstance(published, CaptureDebugBundle) and task_id == published.command_id
+        assert polled.structured_content["status"] == "pending" and polled.structured_content["task_id"] == task_id
+        assert read.structured_content["status"] == "pending" and read.structured_content["task_id"] == task_id
+        assert world.published() == [], "a poll and a read publish nothing"
 
     def test_capture_with_a_task_id_is_refused_naming_the_flag_on_the_cli(
         self, world: GatewayWorld, bundles: MemoryBundles
@@ -425,7 +452,8 @@ class TestCapture:
         assert view.status == "ready" and view.reason == "requested by a user"
         operation = world.core.get_operation(pending.task_id)
         assert operation.done and operation.stage.startswith("completed: a debug bundle kept")
-        assert f"tpu_debug_bundle(deployment_id='gemma-a', task_id='{pending.task_id}')" in operation.next_step
+        read = f"tpu_observe(show='debug_bundle', deployment_id='gemma-a', command_id='{pending.task_id}')"
+        assert read in operation.next_step
         assert world.core.debug_bundle("gemma-a").task_id == pending.task_id, "the newest bundle"
         (listed,) = world.core.get_deployment("gemma-a").node_tasks
         assert (listed.task_id, listed.action, listed.status) == (pending.task_id, "debug", "completed")
@@ -471,7 +499,7 @@ class TestCli:
         world.seed("gemma-a")
         code, _, stderr = tpuctl(world, "debug", "gemma-a")
         assert code == cli.EXIT_NOT_FOUND and "tpuctl debug gemma-a --capture" in stderr
-        assert "tpu_debug_bundle" not in stderr
+        assert "tpu_" not in stderr, "the CLI names its own commands, not MCP tools"
 
         task_id = kept_by_restart(world, bundles, encoded(a_bundle("x")))
         code, stdout, _ = tpuctl(world, "--format", "json", "debug", "gemma-a", "--task-id", task_id)

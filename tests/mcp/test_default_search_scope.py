@@ -65,9 +65,7 @@ def live(world: GatewayWorld, tpu_sim_factory: TpuSimFactory) -> Iterator[Gatewa
 
 async def plan_tool(world: GatewayWorld, **arguments: Any) -> Any:
     async with Client(world.server()) as session:
-        result = await session.call_tool(
-            "tpu_plan_deployment", {"model": "gemma-4-26b-a4b", "accelerator": "v6e-4", **arguments}
-        )
+        result = await session.call_tool("tpu_plan", {"model": "gemma-4-26b-a4b", "accelerator": "v6e-4", **arguments})
     assert not result.is_error, result.content
     return result
 

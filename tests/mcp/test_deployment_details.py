@@ -96,9 +96,9 @@ class TestResourceTerms:
         )
         return created
 
-    async def test_get_deployment_shows_reservation_valid_until_and_run_cap(self, world: GatewayWorld) -> None:
+    async def test_status_of_a_deployment_shows_reservation_valid_until_and_run_cap(self, world: GatewayWorld) -> None:
         created = self.seed_terms(world)
-        body = (await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})).structured_content
+        body = (await call(world, "tpu_status", {"deployment_id": "gemma-a"})).structured_content
         flex, reserved, waiting = body["resources"]
         assert flex["run_ends_at"] == (created + timedelta(minutes=10, hours=6)).isoformat().replace("+00:00", "Z")
         assert flex["valid_until"] is None and flex["reservation"] is None
@@ -130,7 +130,7 @@ class TestPriceSource:
         assert cost.usd_per_hour != pytest.approx((price_per_chip_hour("us-east5", Tier.SPOT) or 0) * 4)
         assert plan.price_source.startswith("Cloud Billing Catalog (read ")
         assert cost.price_source.startswith("catalog ")
-        zones = await call(live, "tpu_list_zones", {"accelerator": "v6e-4", "tier": "spot", "live_quota": False})
+        zones = await call(live, "tpu_plan", {"show": "zones", "accelerator": "v6e-4", "tiers": ["spot"]})
         east = {z["zone"]: z for z in zones.structured_content["zones"]}["us-east5-b"]
         assert east["usd_per_hour"]["spot"] == pytest.approx(CATALOG_SPOT * 4)
         assert zones.structured_content["price_source"] == plan.price_source
@@ -142,9 +142,7 @@ class TestPriceSource:
         catalog = BillingCatalog(endpoint="http://127.0.0.1:9", timeout_s=2)
         live = with_ports(world, prices=catalog.prices())
         catalog.close()
-        result = await call(
-            live, "tpu_plan_deployment", {"model": "gemma-4-26b-a4b", "zones": ["us-east5-b"], "tiers": ["spot"]}
-        )
+        result = await call(live, "tpu_plan", {"model": "gemma-4-26b-a4b", "zones": ["us-east5-b"], "tiers": ["spot"]})
         body = result.structured_content
         label = f"dated price table ({PRICE_TABLE_DATE.isoformat()})"
         assert body["price_source"].startswith(label + ": Cloud Billing Catalog unreachable")
@@ -166,7 +164,7 @@ class TestEmptyAnswer:
             world.seed("gemma-a", endpoint=stub.base_url)
             result = await call(
                 world,
-                "tpu_query_model",
+                "tpu_query",
                 {"deployment_id": "gemma-a", "prompt": "Hi", "max_tokens": 16, "temperature": 0.8},
             )
         body = result.structured_content
@@ -181,7 +179,7 @@ class TestEmptyAnswer:
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
         with serve_openai_stub(StubConfig(api_key=deployment_api_key(API_KEY, "gemma-a"))) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.structured_content["text"] and result.structured_content["note"] is None
 
 
@@ -215,16 +213,16 @@ class TestEngineFacts:
         status = record.status.model_copy(update={"engine": engine})
         world.store.put_deployment(record.model_copy(update={"status": status}), expected_version=record.version)
 
-    async def test_get_deployment_shows_the_facts_and_a_line(self, world: GatewayWorld) -> None:
+    async def test_status_of_a_deployment_shows_the_facts_and_a_line(self, world: GatewayWorld) -> None:
         engine = {"version": "v0.32.0", "max_model_len": 512, "tensor_parallel": 1, "attention_backends": ["PALLAS"]}
         self.seed_engine(world, engine)
-        body = (await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})).structured_content
+        body = (await call(world, "tpu_status", {"deployment_id": "gemma-a"})).structured_content
         assert body["engine"] == engine
         assert body["engine_summary"] == "vLLM v0.32.0, context 512, TP 1, attention PALLAS"
 
     async def test_a_forged_stored_field_is_not_shown(self, world: GatewayWorld) -> None:
         self.seed_engine(world, {"max_model_len": 512, "quantization": "\x1b]52;c;aGk=\x07"})
-        body = (await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})).structured_content
+        body = (await call(world, "tpu_status", {"deployment_id": "gemma-a"})).structured_content
         assert body["engine"] == {"max_model_len": 512}
 
     def test_tpuctl_status_prints_the_engine_row(self, world: GatewayWorld) -> None:

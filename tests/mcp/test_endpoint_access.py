@@ -83,15 +83,15 @@ class TestThroughTheTunnel:
     async def test_query_and_health_reach_vllm_through_one_tunnel_with_the_key_in_the_header_only(
         self, world: GatewayWorld, gcloud: FakeGcloud, vllm: StubServer, tunnelled: IapTunnels
     ) -> None:
-        query = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hello?", "max_tokens": 8})
+        query = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hello?", "max_tokens": 8})
         assert not query.is_error, text(query)
         assert query.structured_content["text"] == " rikasisimimolo hasife 129 144 mifemotami"
-        health = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
+        health = await call(world, "tpu_query", {"deployment_id": "gemma-a"})
         assert not health.is_error, text(health)
         assert health.structured_content["healthy"] is True
         assert health.structured_content["endpoint"] == RECORDED, "the report names the VM's endpoint"
         assert [h["Authorization"] for h in vllm.headers] == [f"Bearer {SERVING_KEY}"] * 2  # query, 1-token check
-        (run_of_gcloud,) = gcloud.calls()  # one tunnel for both tools
+        (run_of_gcloud,) = gcloud.calls()  # one tunnel for the query and the health check
         assert run_of_gcloud["argv"][4].startswith("--local-host-port=127.0.0.1:")
         assert run_of_gcloud["argv"][:4] == ["compute", "start-iap-tunnel", HOSTNAME, "8000"]
         assert run_of_gcloud["argv"][5:] == [f"--zone={ZONE}", "--project=tpuctl-test-1"]
@@ -120,7 +120,7 @@ class TestErrorsAreToolErrors:
         tpu = FakeTpuGuestAttributes()
         tpu.set_hostname(ZONE, NODE, HOSTNAME)
         wire(world, tpu, {"PATH": str(empty)})  # this workstation has no Google Cloud CLI
-        result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hello?"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hello?"})
         assert result.is_error
         assert "[failed_precondition] gcloud: 'gcloud' was not found on PATH. Fix: install " in text(result)
         code, _, stderr = tpuctl(world, "health", "gemma-a")
@@ -132,7 +132,7 @@ class TestErrorsAreToolErrors:
         gcloud.route(
             HOSTNAME, error="ERROR: (gcloud.compute.start-iap-tunnel) Error while connecting [4033: 'not authorized']."
         )
-        result = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a"})
         assert result.is_error
         assert f"[permission_denied] endpoint_access: IAP refused the tunnel to {HOSTNAME}" in text(result)
         assert "roles/iap.tunnelResourceAccessor" in text(result)
@@ -143,7 +143,7 @@ class TestErrorsAreToolErrors:
         tpu = FakeTpuGuestAttributes()
         tpu.set_hostname(ZONE, NODE, "$(curl evil)")
         wire(world, tpu, gcloud.environ())
-        result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hello?"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hello?"})
         assert result.is_error and "[failed_precondition] instance: " in text(result)
         assert gcloud.calls() == []
 

@@ -25,13 +25,21 @@ from mcp_client_gateway import cli
 from mcp_client_gateway.cli import EXIT_NOT_FOUND, EXIT_REFUSED, build_parser, run
 from mcp_client_gateway.confirmation import Confirmations
 from mcp_client_gateway.errors import Fix, GatewayError, ParamRef, ToolRef
-from mcp_client_gateway.interface_words import COMMANDS, CONFIRMED_BY, PATTERN_WORDS, cli_text, param_flag
+from mcp_client_gateway.interface_words import (
+    COMMANDS,
+    CONFIRMED_BY,
+    PATTERN_WORDS,
+    call_key,
+    cli_text,
+    param_flag,
+    tool_of,
+)
 from shared.adapters.clock import SystemClock
 from tests.mcp.conftest import GatewayWorld
 from tests.mcp.test_tool_contract import EXPECTED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOL_NAME = re.compile(r"\btpu_[a-z]+_[a-z_]+")
+TOOL_NAME = re.compile(r"\btpu_(status|plan|observe|query|deploy|control|delete|benchmark|save_hf_token)\b")
 REGEX_BITS = re.compile(r"\^|\$'|\[a-z|\{1,|\\d|pattern")
 SHAPE_KEYS = {"code", "field", "problem", "fix"}
 
@@ -68,11 +76,11 @@ async def test_refused_arguments_come_back_in_the_shape_in_plain_words_over_stdi
     base = {"deployment_id": "gemma-a", "model": "gemma-4-e4b", "accelerator": "v6e-1"}
     with (tmp_path / "gateway.stderr").open("w", encoding="utf-8") as errlog:
         async with Client(stdio_client(params, errlog=errlog)) as client:
-            bad_zone = await client.call_tool("tpu_create_deployment", {**base, "zones": ["US East 5"]})
-            wrong_type = await client.call_tool("tpu_create_deployment", {**base, "ttl_hours": "5"})
-            too_big = await client.call_tool("tpu_get_logs", {"minutes": 10**9})
-            missing = await client.call_tool("tpu_get_deployment", {})
-            unknown = await client.call_tool("tpu_get_deployment", {"deployment_id": "ghost"})
+            bad_zone = await client.call_tool("tpu_deploy", {**base, "zones": ["US East 5"]})
+            wrong_type = await client.call_tool("tpu_deploy", {**base, "ttl_hours": "5"})
+            too_big = await client.call_tool("tpu_observe", {"show": "logs", "minutes": 10**9})
+            missing = await client.call_tool("tpu_control", {"action": "delete"})
+            unknown = await client.call_tool("tpu_status", {"deployment_id": "ghost"})
 
     line, shape = _shape(bad_zone)
     assert line.startswith("[invalid_argument] zones[0]: ") and ". Fix: " in line
@@ -102,7 +110,7 @@ async def test_refused_arguments_come_back_in_the_shape_in_plain_words_over_stdi
         "code": "not_found",
         "field": "deployment_id",
         "problem": "no deployment 'ghost'",
-        "fix": "list them with tpu_list_deployments",
+        "fix": "list them with tpu_status",
     }
 
 
@@ -173,14 +181,14 @@ def test_plain_text_fixes_are_worded_for_the_cli() -> None:
         "not_found",
         "task_id",
         "the node has not answered",
-        "read it with tpu_tail_serving_logs(deployment_id='gemma-a', task_id='t1') or wait until "
-        "tpu_get_deployment shows SERVING; with zones='us-east5-b'",
+        "read it with tpu_control(action='log_tail', deployment_id='gemma-a', task_id='t1') or wait until "
+        "tpu_status(deployment_id=ID) shows SERVING; with zones='us-east5-b'",
     )
     assert error.fix_words("cli") == (
         "read it with tpuctl logs gemma-a --task-id t1 or wait until tpuctl status ID shows SERVING; "
         "with --zone us-east5-b"
     )
-    assert error.fix_words("mcp") == error.fix and "tpu_tail_serving_logs(" in error.render()
+    assert error.fix_words("mcp") == error.fix and "tpu_control(action='log_tail'" in error.render()
     assert cli_text("tpu_quota_usage stays") == "tpu_quota_usage stays"  # not a tool: left alone
 
 
@@ -191,14 +199,15 @@ def test_references_are_worded_per_interface() -> None:
         "'gemma-a' is not serving",
         Fix(
             "wait until ",
-            ToolRef("tpu_get_deployment", (("deployment_id", "gemma-a"),)),
+            ToolRef("tpu_status", (("deployment_id", "gemma-a"),)),
             " shows SERVING, or set ",
             ParamRef("ttl_hours", "8"),
         ),
     )
-    assert error.fix == "wait until tpu_get_deployment(deployment_id='gemma-a') shows SERVING, or set ttl_hours='8'"
+    assert error.fix == "wait until tpu_status(deployment_id='gemma-a') shows SERVING, or set ttl_hours='8'"
     assert error.fix_words("cli") == "wait until tpuctl status gemma-a shows SERVING, or set --ttl-hours 8"
-    assert ToolRef("tpu_analyze_logs").words("cli").startswith("the tpu_analyze_logs tool (tpuctl mcp serves it")
+    analysis = ToolRef("tpu_observe", (("show", "analysis"),))
+    assert analysis.words("cli").startswith("the tpu_observe tool (tpuctl mcp serves it")
 
 
 # ---------------------------------------------------------------- the table against the real things
@@ -229,31 +238,55 @@ def _registry(world: GatewayWorld) -> dict[str, dict[str, Any]]:
 def test_the_table_maps_every_tool_and_parameter_to_what_exists(world: GatewayWorld) -> None:
     registry = _registry(world)
     commands = _subcommands(build_parser())
-    assert set(COMMANDS) == set(registry) == set(EXPECTED)
-    for tool, schema in registry.items():
-        entry = COMMANDS[tool]
+    assert {tool_of(key) for key in COMMANDS} == set(registry) == set(EXPECTED)
+    covered: dict[str, set[str]] = {tool: set() for tool in registry}
+    for key, entry in COMMANDS.items():
+        tool = tool_of(key)
+        parameters = set(registry[tool]["properties"])
+        covered[tool] |= {"action", "show"} & parameters  # the selector names the entry, not a flag
         if entry is None:
+            covered[tool] = parameters  # no command: the whole call is MCP-only
             continue
-        assert entry.command in commands, f"{tool}: no `tpuctl {entry.command}`"
+        assert entry.command in commands, f"{key}: no `tpuctl {entry.command}`"
         sub = commands[entry.command]
         options = {flag for action in sub._actions for flag in action.option_strings}
         positionals = [action.dest for action in sub._actions if not action.option_strings]
-        parameters = set(schema["properties"])
         for name, flag in entry.flags.items():
-            assert name in parameters, f"{tool} has no parameter {name}"
-            assert flag in options, f"`tpuctl {entry.command}` has no {flag} (for {tool}.{name})"
+            assert name in parameters, f"{key}: {tool} has no parameter {name}"
+            assert flag in options, f"`tpuctl {entry.command}` has no {flag} (for {key}.{name})"
         for name in entry.positionals:
-            assert name in parameters and name in positionals, f"{tool}.{name} is not positional in {entry.command}"
-        covered = set(entry.flags) | set(entry.positionals) | entry.lacks
-        assert parameters == covered, f"{tool}: parameters not in the table: {sorted(parameters ^ covered)}"
-    for tool in CONFIRMED_BY.values():
-        entry = COMMANDS[tool]
+            assert name in parameters, f"{key}: {tool} has no parameter {name}"
+            assert name in positionals or (name, entry.command) == ("command_id", "bench show"), (
+                f"{key}.{name} is not positional in {entry.command}"
+            )
+        for word in entry.fixed:
+            assert word in options, f"`tpuctl {entry.command}` has no {word}"
+        covered[tool] |= set(entry.flags) | set(entry.positionals) | entry.lacks
+    for tool, names in covered.items():
+        parameters = set(registry[tool]["properties"])
+        assert parameters <= names, f"{tool}: parameters no command covers: {sorted(parameters - names)}"
+    for tool, selected in CONFIRMED_BY.values():
+        entry = COMMANDS[call_key(tool, dict(selected))]
         assert entry is not None and entry.flags.get("confirm") == "--confirm", tool
 
 
+def test_each_call_of_a_tool_finds_its_command() -> None:
+    assert cli_text("tpu_control(action='stop', deployment_id='gemma-a')") == "tpuctl stop gemma-a"
+    assert cli_text("tpu_status(command_id='x')") == "tpuctl status"
+    assert cli_text("see tpu_status(deployment_id=ID)") == "see tpuctl status ID"
+    assert cli_text("tpu_observe(show='benchmarks', command_id='r1')") == "tpuctl bench show r1"
+    assert cli_text("tpu_observe(show='benchmarks')") == "tpuctl bench compare"
+    assert cli_text("tpu_control(action='capture_bundle', deployment_id='a')") == "tpuctl debug a --capture"
+    assert cli_text("tpu_query") == "tpuctl health ID"
+    assert cli_text("tpu_deploy(action='update', deployment_id='a')") == "tpuctl update a"
+    assert cli_text("tpu_plan(show='zones')") == "tpuctl zones"
+
+
 def test_the_cli_names_fields_with_the_same_flags_as_the_table() -> None:
+    named = {name for entry in COMMANDS.values() if entry is not None for name in entry.flags}
     for field, flag in cli._FLAG_OF.items():
-        assert param_flag(field) == flag, field
+        if field in named:  # window_minutes is the core's name; the tool calls it minutes
+            assert param_flag(field) == flag, field
 
 
 def test_every_pattern_a_tool_enforces_has_words(world: GatewayWorld) -> None:

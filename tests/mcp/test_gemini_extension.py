@@ -176,3 +176,4 @@ def test_the_tool_list_size_in_the_docs_is_what_the_model_receives(cli: Cli) -> 
         f"docs say {chars} characters, the model receives {size}: update docs/gateway.md"
     )
     assert tokens == round(chars / 4, -2)
+    assert size / 4 < 3_000, f"the tool list is about {size / 4:.0f} tokens, over issue #23's 3,000"

@@ -1,4 +1,5 @@
-"""tpu_list_zones with the live quota: real Cloud Quotas and TPU clients against the simulator over HTTP.
+"""tpu_plan(show='zones') with the live quota (always read over MCP): real Cloud Quotas and TPU clients against the
+simulator over HTTP.
 
 The simulator runs ``quota-bound``: us-east5 zones have zone room but region limits of 0, us-central1-b has a
 zone limit of 0, europe-west4-a has 16 chips of each kind. A spot v6e-4 and an on-demand v6e-8 run in
@@ -61,7 +62,7 @@ def live(world: GatewayWorld, tpu_sim_factory: TpuSimFactory) -> Iterator[QuotaW
 
 async def list_zones(live: QuotaWorld, **arguments: Any) -> Any:
     async with Client(live.gateway.server()) as session:
-        result = await session.call_tool("tpu_list_zones", {"accelerator": "v6e-4", **arguments})
+        result = await session.call_tool("tpu_plan", {"show": "zones", "accelerator": "v6e-4", **arguments})
     assert not result.is_error, result.content
     return result
 
@@ -92,7 +93,7 @@ async def test_live_quota_shows_limit_in_use_headroom_and_the_slices_that_fit(li
 
 
 async def test_a_region_limit_of_zero_closes_zones_with_zone_room(live: QuotaWorld) -> None:
-    result = await list_zones(live, tier="spot")
+    result = await list_zones(live, tiers=["spot"])
     zones = {z["zone"]: z for z in result.structured_content["zones"]}
     east = by_tier(zones["us-east5-b"])["spot"]
     assert east["headroom_chips"] == 0 and east["slices_that_fit"] == [] and east["fits"] is False
@@ -127,7 +128,7 @@ async def test_an_unreachable_quota_api_degrades_as_transient(live: QuotaWorld) 
 async def test_when_the_tpu_list_is_refused_usage_falls_back_to_the_controllers_records(live: QuotaWorld) -> None:
     live.gateway.seed("gemma-a")  # one spot v6e-4 the controller runs in europe-west4-a
     live.sim.world.inject_fault({"endpoint": "list_queued_resources", "status": 403, "message": "Permission denied"})
-    body = (await list_zones(live, tier="spot")).structured_content
+    body = (await list_zones(live, tiers=["spot"])).structured_content
     quota = body["live_quota"]
     assert quota["read"] is True and quota["usage_source"] == "controller_records"
     assert "only tpuctl's own slices" in quota["problem"] and "roles/tpu.viewer" in quota["fix"]
@@ -136,17 +137,28 @@ async def test_when_the_tpu_list_is_refused_usage_falls_back_to_the_controllers_
     assert spot["headroom_chips"] == 12
 
 
-async def test_live_quota_false_makes_no_call(live: QuotaWorld) -> None:
+def test_the_core_without_live_quota_makes_no_call(live: QuotaWorld) -> None:
+    # live_quota is no longer an MCP argument (tpu_plan always reads it); the core and `tpuctl zones
+    # --no-live-quota` can still skip it.
     live.sim.world.inject_fault({"endpoint": "cloudquotas.quotaInfos.list", "status": 403, "message": DENIED})
-    body = (await list_zones(live, live_quota=False)).structured_content
-    assert body["live_quota"] is None
-    assert all(zone["quota"] == [] for zone in body["zones"])
+    view = live.gateway.core.list_zones(accelerator="v6e-4", live_quota=False)
+    assert view.live_quota is None
+    assert view.zones and all(zone.quota == [] for zone in view.zones)
     assert live.sim.world.faults()[0]["remaining"] == 1  # the armed fault was never consumed
+
+
+async def test_live_quota_is_not_an_mcp_argument(live: QuotaWorld) -> None:
+    async with Client(live.gateway.server()) as session:
+        arguments = {"show": "zones", "accelerator": "v6e-4", "live_quota": False}
+        result = await session.call_tool("tpu_plan", arguments)
+    assert result.is_error
+    said = " ".join(block.text for block in result.content if hasattr(block, "text"))
+    assert "[invalid_argument] live_quota: is not a parameter of tpu_plan" in said
 
 
 async def test_a_gateway_without_a_quota_port_says_so(world: GatewayWorld) -> None:
     async with Client(world.server()) as session:
-        result = await session.call_tool("tpu_list_zones", {"accelerator": "v6e-4"})
+        result = await session.call_tool("tpu_plan", {"show": "zones", "accelerator": "v6e-4"})
     quota = result.structured_content["live_quota"]
     assert quota["read"] is False and "no Cloud Quotas port" in quota["problem"]
 

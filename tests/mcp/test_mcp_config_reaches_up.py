@@ -87,9 +87,9 @@ async def test_the_shipped_local_entry_serves_the_running_stack_and_names_make_u
     params = StdioServerParameters(command=str(TPUCTL), args=args, env=_clean_env(), cwd=str(tmp_path))
     with (tmp_path / "gateway.stderr").open("w", encoding="utf-8") as errlog:
         async with Client(stdio_client(params, errlog=errlog)) as client:
-            zones = await client.call_tool("tpu_list_zones", {"accelerator": "v6e-1"})
+            zones = await client.call_tool("tpu_plan", {"show": "zones", "accelerator": "v6e-1"})
             created = await client.call_tool(
-                "tpu_create_deployment",
+                "tpu_deploy",
                 {"deployment_id": "via-config", "model": "tiny-llama", "accelerator": "v6e-1", "zones": ["us-east5-b"]},
             )
             listed = await _until_listed(client, "via-config")
@@ -125,7 +125,7 @@ async def test_the_shipped_local_entry_serves_the_running_stack_and_names_make_u
 async def _until_listed(client: Client, deployment_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        listed = await client.call_tool("tpu_list_deployments", {})
+        listed = await client.call_tool("tpu_status", {})
         assert not listed.is_error, listed.content
         content = listed.structured_content
         if any(d["deployment_id"] == deployment_id for d in content["deployments"]) or time.monotonic() > deadline:

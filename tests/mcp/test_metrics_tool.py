@@ -1,4 +1,5 @@
-"""Totals and window figures read back through GatewayCore, the MCP tool and ``tpuctl metrics``.
+"""Totals and window figures read back through GatewayCore, the MCP tool (``tpu_observe``'s default view,
+metrics) and ``tpuctl metrics``.
 
 The samples are stored the way the monitor writes them: ``counters`` is the scrape's cumulative record and
 ``slis`` the per-interval figures, both from real vLLM ``/metrics`` captures.
@@ -102,14 +103,16 @@ class TestCore:
 async def test_the_tool_returns_the_same_figures_and_a_readable_summary(world: GatewayWorld) -> None:
     store_history(world)
     async with Client(world.server()) as session:
-        result = await session.call_tool("tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 25})
+        result = await session.call_tool("tpu_observe", {"deployment_id": "gemma-a", "minutes": 25})
     assert not result.is_error
     body: dict[str, Any] = result.structured_content
     assert body["totals"]["counts"]["requests_served"] == 273
     assert body["window"]["counts"]["requests_finished"] == 159
+    assert body["window"]["samples"] == 3  # the 25-minute window was the one asked for, not the default hour
     first = result.content[0]
     assert isinstance(first, TextContent)
     summary = first.text
+    assert summary.splitlines()[0].endswith(" in 25 min; phase SERVING.")
     assert "Totals since " in summary and "  requests served: 273" in summary and "e+" not in summary
 
 

@@ -36,9 +36,7 @@ class TestQuery:
         config = StubConfig(api_key=SERVING_KEY, first_token_delay_s=0.15, usage_completion_tokens=12)
         with serve_openai_stub(config) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(
-                world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hello?", "max_tokens": 8}
-            )
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hello?", "max_tokens": 8})
         assert not result.is_error, text(result)
         body = result.structured_content
         assert body["text"] == " rikasisimimolo hasife 129 144 mifemotami"
@@ -55,7 +53,7 @@ class TestQuery:
         config = StubConfig(first_token_delay_s=0.2, token_interval_s=0.02, usage_completion_tokens=8)
         with serve_openai_stub(config) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         body = result.structured_content
         # 7 gaps of ~20 ms after the first token: about 50 tokens/s; the 200 ms wait before it is not decode time
         assert 5 < body["decode_tokens_per_s"] < 60
@@ -65,7 +63,7 @@ class TestQuery:
         world.secrets.put(world.settings.vllm_api_key_secret, "a-different-key-000000")
         with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.is_error and "[permission_denied]" in text(result)
         assert "a-different-key" not in text(result)
 
@@ -73,40 +71,42 @@ class TestQuery:
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
         with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:  # gemma-a's port: gemma-a's key only
             world.seed("gemma-b", endpoint=stub.base_url)
-            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-b", "prompt": "Hi"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-b", "prompt": "Hi"})
         assert result.is_error and "[permission_denied]" in text(result), "gemma-b's key opens only gemma-b"
         assert not stub.headers, "nothing reached the model"
 
     async def test_a_deployment_that_is_not_serving_is_refused(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.BOOTING)
-        result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.is_error and "[failed_precondition]" in text(result) and "BOOTING" in text(result)
 
     async def test_a_bad_input_is_refused_by_the_schema(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", endpoint="http://127.0.0.1:9")
-        result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi", "max_tokens": 0})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi", "max_tokens": 0})
         assert result.is_error and "max_tokens" in text(result)
 
     async def test_an_endpoint_that_is_down_is_unavailable_not_a_crash(self, world: GatewayWorld) -> None:
         with serve_openai_stub() as stub:
             endpoint = stub.base_url
         world.seed("gemma-a", endpoint=endpoint)  # the server is gone: connection refused
-        result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.is_error and "[unavailable]" in text(result)
 
     async def test_a_server_error_message_is_passed_on_as_an_invalid_argument(self, world: GatewayWorld) -> None:
         with serve_openai_stub(StubConfig(fail_chat_status=400)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_query_model", {"deployment_id": "gemma-a", "prompt": "Hi"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a", "prompt": "Hi"})
         assert result.is_error and "[invalid_argument] max_tokens" in text(result)
 
 
 class TestHealth:
+    """``tpu_query`` without a prompt is the deep health check."""
+
     async def test_a_healthy_endpoint_passes_every_check(self, world: GatewayWorld) -> None:
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
         with serve_openai_stub(StubConfig(api_key=SERVING_KEY)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a"})
         assert not result.is_error, text(result)
         body = result.structured_content
         assert body["healthy"] is True
@@ -117,19 +117,19 @@ class TestHealth:
     async def test_an_engine_answering_503_is_unhealthy(self, world: GatewayWorld) -> None:
         with serve_openai_stub(StubConfig(health_status=503)) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
+            result = await call(world, "tpu_query", {"deployment_id": "gemma-a"})
         assert not result.is_error
         assert result.structured_content["healthy"] is False
         assert "health" in text(result)
 
     async def test_a_deployment_without_endpoint_is_unhealthy_and_says_why(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.SEARCHING)
-        result = await call(world, "tpu_check_health", {"deployment_id": "gemma-a"})
+        result = await call(world, "tpu_query", {"deployment_id": "gemma-a"})
         checks = {c["name"]: c for c in result.structured_content["checks"]}
         assert checks["endpoint"]["detail"] == "no endpoint recorded yet"
 
     async def test_a_missing_deployment_is_not_found(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_check_health", {"deployment_id": "ghost"})
+        result = await call(world, "tpu_query", {"deployment_id": "ghost"})
         assert result.is_error and "[not_found]" in text(result)
 
 
@@ -155,7 +155,9 @@ class TestLogs:
             ],
         )
         write_log(world, "vllm-gemma-a.log", ["WARNING 12-02 12:00:00 [engine.py:1] KV cache is 95% full"])
-        result = await call(world, "tpu_get_logs", {"deployment_id": "gemma-a", "min_severity": "WARNING"})
+        result = await call(
+            world, "tpu_observe", {"show": "logs", "deployment_id": "gemma-a", "min_severity": "WARNING"}
+        )
         assert not result.is_error, text(result)
         body = result.structured_content
         messages = [e["message"] for e in body["entries"]]
@@ -168,21 +170,21 @@ class TestLogs:
     async def test_source_selects_controller_or_node_files(self, world: GatewayWorld) -> None:
         write_log(world, "monitor.jsonl", [{"severity": "INFO", "message": "tick", "time": now_iso(1)}])
         write_log(world, "vllm-gemma-a.log", ["INFO 12-02 12:00:00 [api_server.py:1] Started server process"])
-        node = await call(world, "tpu_get_logs", {"source": "node"})
+        node = await call(world, "tpu_observe", {"show": "logs", "source": "node"})
         assert [e["source"] for e in node.structured_content["entries"]] == ["vllm-gemma-a"]
-        controller = await call(world, "tpu_get_logs", {"source": "controller"})
+        controller = await call(world, "tpu_observe", {"show": "logs", "source": "controller"})
         assert [e["message"] for e in controller.structured_content["entries"]] == ["tick"]
 
     async def test_output_is_bounded(self, world: GatewayWorld) -> None:
         write_log(world, "monitor.jsonl", [{"severity": "INFO", "message": "x" * 3000, "time": now_iso(1)}] * 20)
-        result = await call(world, "tpu_get_logs", {"limit": 200})
+        result = await call(world, "tpu_observe", {"show": "logs", "limit": 200})
         body = result.structured_content
         assert body["truncated"] is True
         assert sum(len(e["message"]) for e in body["entries"]) <= 4096
         assert all(len(e["message"]) <= 500 for e in body["entries"])
 
     async def test_an_invalid_severity_is_refused(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_get_logs", {"min_severity": "LOUD"})
+        result = await call(world, "tpu_observe", {"show": "logs", "min_severity": "LOUD"})
         assert result.is_error and "min_severity" in text(result)
 
 
@@ -200,7 +202,7 @@ class TestAnalyzeLogs:
         reply = StubConfig(reply_text=["The engine ran out of HBM during XLA compilation."])
         with serve_openai_stub(reply) as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_analyze_logs", {"deployment_id": "gemma-a"})
+            result = await call(world, "tpu_observe", {"show": "analysis", "deployment_id": "gemma-a"})
         assert not result.is_error, text(result)
         body = result.structured_content
         assert body["lines_analysed"] == 2 and body["summary"].startswith("The engine ran out of HBM")
@@ -216,13 +218,13 @@ class TestAnalyzeLogs:
     async def test_no_lines_means_no_model_call(self, world: GatewayWorld) -> None:
         with serve_openai_stub() as stub:
             world.seed("gemma-a", endpoint=stub.base_url)
-            result = await call(world, "tpu_analyze_logs", {"deployment_id": "gemma-a"})
+            result = await call(world, "tpu_observe", {"show": "analysis", "deployment_id": "gemma-a"})
         assert result.structured_content["lines_analysed"] == 0
         assert stub.requests == []
 
     async def test_a_deployment_that_is_not_serving_cannot_analyse(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.PROVISIONING)
-        result = await call(world, "tpu_analyze_logs", {"deployment_id": "gemma-a"})
+        result = await call(world, "tpu_observe", {"show": "analysis", "deployment_id": "gemma-a"})
         assert result.is_error and "[failed_precondition]" in text(result)
 
 
@@ -242,7 +244,7 @@ class TestMetrics:
                 for minutes, ttft in ((1, 100.0), (2, 200.0), (90, 900.0))
             ]
         )
-        result = await call(world, "tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 30})
+        result = await call(world, "tpu_observe", {"deployment_id": "gemma-a", "minutes": 30})
         assert not result.is_error, text(result)
         body = result.structured_content
         assert body["latest"]["slis"]["ttft_p50_ms"] == 100.0
@@ -251,5 +253,5 @@ class TestMetrics:
 
     async def test_a_window_out_of_bounds_is_refused(self, world: GatewayWorld) -> None:
         world.seed("gemma-a")
-        result = await call(world, "tpu_get_metrics", {"deployment_id": "gemma-a", "window_minutes": 0})
-        assert result.is_error and "window_minutes" in text(result)
+        result = await call(world, "tpu_observe", {"deployment_id": "gemma-a", "minutes": 0})
+        assert result.is_error and "[invalid_argument] minutes" in text(result)

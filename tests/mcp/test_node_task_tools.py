@@ -107,21 +107,25 @@ async def call(world: GatewayWorld, tool: str, arguments: dict[str, Any], **kwar
 
 
 class TestSchema:
-    async def test_the_tail_tool_bounds_lines_and_shapes_task_id(self, world: GatewayWorld) -> None:
+    async def test_the_control_tool_bounds_log_tail_lines_and_shapes_task_id(self, world: GatewayWorld) -> None:
         async with Client(world.server()) as session:
             tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-        schema = tools["tpu_tail_serving_logs"].input_schema
-        assert schema["required"] == ["deployment_id"]
-        lines = schema["properties"]["lines"]
-        assert (lines["minimum"], lines["maximum"], lines["default"]) == (1, 500, 100)
-        assert "pattern" in str(world.enforced_schemas()["tpu_tail_serving_logs"]["properties"]["task_id"])
-        output = tools["tpu_tail_serving_logs"].output_schema
-        assert output is not None and {"notice", "task_id", "status", "lines"} <= set(output["properties"])
+        schema = tools["tpu_control"].input_schema
+        assert schema["required"] == ["action", "deployment_id"]
+        assert "log_tail" in schema["properties"]["action"]["enum"]
+        assert schema["properties"]["lines"]["default"] == 100
+        enforced = world.enforced_schemas()["tpu_control"]["properties"]  # the published schema leaves bounds out
+        assert (enforced["lines"]["minimum"], enforced["lines"]["maximum"]) == (1, 500)
+        assert "pattern" in str(enforced["task_id"])
+        output = tools["tpu_control"].output_schema
+        assert output is not None and {"$ref": "#/$defs/ServingLogsView"} in output["anyOf"]
+        tail_view = output["$defs"]["ServingLogsView"]
+        assert {"notice", "task_id", "status", "lines"} <= set(tail_view["properties"])
 
-    async def test_read_only_mode_leaves_the_tail_out_because_it_publishes(self, world: GatewayWorld) -> None:
+    async def test_read_only_mode_leaves_control_out_because_the_tail_publishes(self, world: GatewayWorld) -> None:
         async with Client(world.server(read_only=True)) as session:
             names = {tool.name for tool in (await session.list_tools()).tools}
-        assert "tpu_tail_serving_logs" not in names and "tpu_get_logs" in names
+        assert "tpu_control" not in names and "tpu_observe" in names
 
 
 class TestTail:
@@ -130,7 +134,7 @@ class TestTail:
     ) -> None:
         world.seed("gemma-a", phase=Phase.SERVING)
 
-        result = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "lines": 3})
+        result = await call(world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "lines": 3})
 
         assert not result.is_error, text(result)
         body = result.structured_content
@@ -150,17 +154,21 @@ class TestTail:
         world.core.tail_wait_s = 0.3
         started = time.monotonic()
 
-        pending = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "lines": 50})
+        pending = await call(world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "lines": 50})
 
         assert time.monotonic() - started < 3
         body = pending.structured_content
         assert body["status"] == "pending" and body["done"] is False and body["lines"] == []
         assert body["task_id"] in body["next_step"] and body["task_id"] in text(pending)
+        again = f"tpu_control(action='log_tail', deployment_id='gemma-a', task_id='{body['task_id']}')"
+        assert again in body["next_step"], "the next step names the call that reads the answer"
         (published,) = [m for m in world.published() if isinstance(m, TailServingLogs)]
         assert published.command_id == body["task_id"] and published.lines == 50
 
         assert cloud.step() == 2
-        read = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": body["task_id"]})
+        read = await call(
+            world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "task_id": body["task_id"]}
+        )
 
         assert read.structured_content["status"] == "completed"
         assert len(read.structured_content["lines"]) == 3
@@ -169,14 +177,14 @@ class TestTail:
     async def test_a_task_the_controller_has_not_recorded_yet_reads_pending(self, world: GatewayWorld) -> None:
         world.seed("gemma-a")
         world.core.tail_wait_s = 0.0
-        first = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a"})
+        first = await call(world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a"})
         task_id = first.structured_content["task_id"]
-        again = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": task_id})
+        again = await call(world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "task_id": task_id})
         assert again.structured_content["status"] == "pending"
 
     async def test_a_deployment_without_a_node_is_refused_naming_its_phase(self, world: GatewayWorld) -> None:
         world.seed("gemma-a", phase=Phase.PROVISIONING)
-        result = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a"})
+        result = await call(world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a"})
         assert result.is_error
         assert "[failed_precondition] deployment_id" in text(result) and "PROVISIONING" in text(result)
         assert world.published() == []
@@ -196,7 +204,7 @@ class TestTail:
         self, world: GatewayWorld, arguments: dict[str, Any], expected: str
     ) -> None:
         world.seed("gemma-a")
-        result = await call(world, "tpu_tail_serving_logs", arguments)
+        result = await call(world, "tpu_control", {"action": "log_tail", **arguments})
         assert result.is_error and expected in text(result)
         assert world.published() == []
 
@@ -206,7 +214,9 @@ class TestTail:
             task_id=new_command_id(), deployment_id="gemma-a", action="restart", requested_at=datetime.now(UTC)
         )
         world.store.create_node_task(restart)
-        result = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": restart.task_id})
+        result = await call(
+            world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "task_id": restart.task_id}
+        )
         assert result.is_error and "[invalid_argument] task_id" in text(result) and "restart" in text(result)
 
 
@@ -215,23 +225,23 @@ class TestFollowingNodeTasks:
         self, world: GatewayWorld, cloud: Cloud
     ) -> None:
         world.seed("gemma-a", phase=Phase.STALLED)
-        refused = await call(world, "tpu_restart_serving", {"deployment_id": "gemma-a"})
+        refused = await call(world, "tpu_control", {"action": "restart", "deployment_id": "gemma-a"})
         token = refusal_confirmation(refused)["confirm"]
-        accepted = await call(world, "tpu_restart_serving", {"deployment_id": "gemma-a", "confirm": token})
+        accepted = await call(world, "tpu_control", {"action": "restart", "deployment_id": "gemma-a", "confirm": token})
         command_id = accepted.structured_content["command_id"]
 
-        queued = await call(world, "tpu_get_operation", {"command_id": command_id})
+        queued = await call(world, "tpu_status", {"command_id": command_id})
         assert queued.structured_content["done"] is False and queued.structured_content["node_task"] is None
 
         assert cloud.step() == 2
-        done = await call(world, "tpu_get_operation", {"command_id": command_id})
+        done = await call(world, "tpu_status", {"command_id": command_id})
 
         body = done.structured_content
         assert body["done"] is True and body["kind"] == "serving.restart"
         assert body["stage"].startswith("completed: restarted at 20")
         assert "container tpuctl-vllm restarted" in body["stage"]
         assert body["node_task"]["status"] == "completed" and body["node_task"]["action"] == "restart"
-        dashboard = await call(world, "tpu_get_deployment", {"deployment_id": "gemma-a"})
+        dashboard = await call(world, "tpu_status", {"deployment_id": "gemma-a"})
         (listed,) = dashboard.structured_content["node_tasks"]
         assert listed["task_id"] == command_id and listed["status"] == "completed"
 
@@ -247,8 +257,10 @@ class TestFollowingNodeTasks:
         )
         world.store.create_node_task(task)
 
-        view = await call(world, "tpu_get_operation", {"command_id": task.task_id})
-        tail = await call(world, "tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": task.task_id})
+        view = await call(world, "tpu_status", {"command_id": task.task_id})
+        tail = await call(
+            world, "tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "task_id": task.task_id}
+        )
 
         assert view.structured_content["done"] is True and view.structured_content["kind"] == "serving.logs"
         assert "failed: the node agent did not answer within 300 s" in view.structured_content["stage"]

@@ -1,5 +1,6 @@
-"""One serving spec: what the gateway previews (tpu_render_artifacts, tpu_plan_deployment, tpuctl plan) is byte for
-byte the startup script the controller hands to the TPU API, because both build it in ``serving_environment``.
+"""One serving spec: what the gateway previews (``tpu_plan`` showing the startup script or the plan, ``tpuctl plan``)
+is byte for byte the startup script the controller hands to the TPU API, because both build it in
+``serving_environment``.
 
 Settings here differ from every default that matters (project, secret names, a node-agent bundle), so a preview
 built in an environment of its own would differ in the rendered script or the plan hash.
@@ -92,7 +93,7 @@ async def test_the_rendered_artifact_is_the_script_the_controller_deploys(
     _stored(core, spec)
     deployed = Runtime(settings).startup_script(spec)
 
-    rendered = await _tool(core, "tpu_render_artifacts", {"deployment_id": "gemma-proof", "kind": "startup_script"})
+    rendered = await _tool(core, "tpu_plan", {"show": "startup_script", "deployment_id": "gemma-proof"})
 
     assert rendered["startup_script"] == deployed
     assert rendered["plan_hash"] == _plan_hash(deployed)
@@ -103,7 +104,7 @@ async def test_a_plan_preview_has_the_hash_and_launch_of_the_deployment(core: Ga
     spec = DeploymentSpec(deployment_id="gemma-proof", model="gemma-4-e4b", accelerator="v6e-1", zones=("us-east5-b",))
     deployed = Runtime(settings).startup_script(spec)
 
-    plan = await _tool(core, "tpu_plan_deployment", {"model": "gemma-4-e4b", "accelerator": "v6e-1"})
+    plan = await _tool(core, "tpu_plan", {"model": "gemma-4-e4b", "accelerator": "v6e-1"})
 
     assert plan["plan_hash"] == _plan_hash(deployed)
     host = plan["argv"][plan["argv"].index("--host") + 1]

@@ -1,11 +1,14 @@
-"""Plan, render and zones: read-only tools over the serving plan, the price table and the zone memory."""
+"""tpu_plan's views (plan, startup_script/gke_manifest, zones): read-only, over the serving plan, the price table
+and the zone memory."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from mcp_client_gateway.core import GatewayError
 from shared.domain.models import Tier, ZoneMemoryEntry
 from tests.mcp.conftest import API_KEY, HF_TOKEN, GatewayWorld, call, text
 
@@ -14,18 +17,14 @@ pytestmark = pytest.mark.anyio
 
 class TestPlan:
     async def test_the_reference_shape_fits_with_an_hbm_table_flags_and_prices(self, world: GatewayWorld) -> None:
-        result = await call(
-            world,
-            "tpu_plan_deployment",
-            {
-                "model": "gemma-4-26b-a4b",
-                "accelerator": "v6e-4",
-                "kv_cache_dtype": "fp8",
-                "zones": ["us-east5-b"],
-                "ttl_hours": 10,
-                "tokens_per_second": 94.3,
-            },
-        )
+        arguments: dict[str, Any] = {
+            "model": "gemma-4-26b-a4b",
+            "accelerator": "v6e-4",
+            "kv_cache_dtype": "fp8",
+            "zones": ["us-east5-b"],
+            "ttl_hours": 10,
+        }
+        result = await call(world, "tpu_plan", arguments)  # show defaults to "plan"
         assert not result.is_error, text(result)
         plan = result.structured_content
         assert plan["fits"] is True and plan["reasons"] == []
@@ -39,25 +38,38 @@ class TestPlan:
         assert flex["usd_for_ttl"] == pytest.approx(1.35 * 4 * 4) and flex["capped_by_run_duration"] is True
         on_demand = next(c for c in plan["costs"] if c["tier"] == "on_demand")
         assert on_demand["usd_for_ttl"] == pytest.approx(2.70 * 4 * 10) and on_demand["capped_by_run_duration"] is False
-        assert flex["usd_per_million_tokens"] == pytest.approx(5.4 / (94.3 * 3600) * 1e6, rel=1e-3)
         assert "fits" in text(result)
+
+    def test_a_measured_rate_prices_a_million_tokens_in_the_core(self, world: GatewayWorld) -> None:
+        # tokens_per_second is no longer an argument of tpu_plan (tpuctl plan --tokens-per-second); the core keeps it.
+        plan = world.core.plan(
+            model="gemma-4-26b-a4b", accelerator="v6e-4", zones=["us-east5-b"], tokens_per_second=94.3
+        )
+        flex = next(c for c in plan.costs if c.tier == "flex_start")
+        assert flex.usd_per_million_tokens == pytest.approx(5.4 / (94.3 * 3600) * 1e6, rel=1e-3)
 
     async def test_a_model_too_big_for_the_slice_says_so_and_names_the_smallest_that_fits(
         self, world: GatewayWorld
     ) -> None:
-        result = await call(world, "tpu_plan_deployment", {"model": "gemma-4-31b", "accelerator": "v6e-1"})
+        result = await call(world, "tpu_plan", {"model": "gemma-4-31b", "accelerator": "v6e-1"})
         assert not result.is_error
         plan = result.structured_content
         assert plan["fits"] is False and plan["reasons"]
         assert plan["smallest_fitting_slice"] == "v6e-4"
 
     async def test_a_bad_zone_is_refused_naming_the_field(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_plan_deployment", {"model": "gemma-4-e4b", "zones": ["2x2"]})
+        result = await call(world, "tpu_plan", {"model": "gemma-4-e4b", "zones": ["2x2"]})
         assert result.is_error and "[invalid_argument] zones" in text(result)
 
-    async def test_an_out_of_range_utilisation_is_refused_by_the_schema(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_plan_deployment", {"model": "gemma-4-e4b", "gpu_memory_utilization": 1.5})
-        assert result.is_error and "gpu_memory_utilization" in text(result)
+    def test_an_out_of_range_utilisation_is_refused_by_the_core_naming_the_field(self, world: GatewayWorld) -> None:
+        # gpu_memory_utilization is no longer an argument of tpu_plan (tpuctl plan --gpu-memory-utilization).
+        with pytest.raises(GatewayError) as refused:
+            world.core.plan(model="gemma-4-e4b", accelerator="v6e-1", gpu_memory_utilization=1.5)
+        assert refused.value.code == "invalid_argument" and refused.value.field == "gpu_memory_utilization"
+
+    async def test_a_plan_without_a_model_is_refused_naming_it(self, world: GatewayWorld) -> None:
+        result = await call(world, "tpu_plan", {"accelerator": "v6e-1"})
+        assert result.is_error and "[invalid_argument] model" in text(result)
 
 
 class TestRender:
@@ -65,28 +77,34 @@ class TestRender:
         world.secrets.put(world.settings.hf_token_secret, HF_TOKEN)
         world.secrets.put(world.settings.vllm_api_key_secret, API_KEY)
         world.seed("gemma-a")
-        result = await call(world, "tpu_render_artifacts", {"deployment_id": "gemma-a"})
-        assert not result.is_error, text(result)
-        body = result.structured_content
-        script, manifest = body["startup_script"], body["gke_manifest"]
+        results = {
+            show: await call(world, "tpu_plan", {"show": show, "deployment_id": "gemma-a"})
+            for show in ("startup_script", "gke_manifest")
+        }
+        for result in results.values():
+            assert not result.is_error, text(result)
+        script = results["startup_script"].structured_content["startup_script"]
+        manifest = results["gke_manifest"].structured_content["gke_manifest"]
         assert script.startswith("#!") and "kind: Deployment" in manifest
-        assert body["secret_references"] == [
-            "projects/tpuctl-local/secrets/tpuctl-hf-token/versions/latest",
-            "projects/tpuctl-local/secrets/tpuctl-vllm-api-key/versions/latest",
-        ]
-        for secret in (HF_TOKEN, API_KEY):
-            assert secret not in script and secret not in manifest and secret not in text(result)
+        for result in results.values():
+            assert result.structured_content["secret_references"] == [
+                "projects/tpuctl-local/secrets/tpuctl-hf-token/versions/latest",
+                "projects/tpuctl-local/secrets/tpuctl-vllm-api-key/versions/latest",
+            ]
+            for secret in (HF_TOKEN, API_KEY):
+                assert secret not in script and secret not in manifest and secret not in text(result)
         assert "nightly" not in script and ":latest" not in manifest
 
     async def test_one_kind_at_a_time(self, world: GatewayWorld) -> None:
-        result = await call(
-            world, "tpu_render_artifacts", {"model": "gemma-4-e2b", "accelerator": "v6e-1", "kind": "gke_manifest"}
-        )
+        arguments = {"model": "gemma-4-e2b", "accelerator": "v6e-1"}
+        result = await call(world, "tpu_plan", {"show": "gke_manifest", **arguments})
         body = result.structured_content
         assert body["startup_script"] is None and "google.com/tpu" in body["gke_manifest"]
+        script = (await call(world, "tpu_plan", {"show": "startup_script", **arguments})).structured_content
+        assert script["gke_manifest"] is None and script["startup_script"].startswith("#!")
 
     async def test_neither_a_deployment_nor_a_model_is_a_clear_error(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_render_artifacts", {"kind": "both"})
+        result = await call(world, "tpu_plan", {"show": "startup_script"})
         assert result.is_error and "[invalid_argument] deployment_id" in text(result)
 
 
@@ -118,7 +136,7 @@ class TestZones:
                 updated_at=now,
             )
         )
-        result = await call(world, "tpu_list_zones", {"accelerator": "v6e-4"})
+        result = await call(world, "tpu_plan", {"show": "zones", "accelerator": "v6e-4"})
         assert not result.is_error, text(result)
         zones = {z["zone"]: z for z in result.structured_content["zones"]}
         east = zones["us-east5-b"]
@@ -139,11 +157,11 @@ class TestZones:
                 updated_at=now,
             )
         )
-        result = await call(world, "tpu_list_zones", {"accelerator": "v6e-4", "tier": "spot"})
+        result = await call(world, "tpu_plan", {"show": "zones", "accelerator": "v6e-4", "tiers": ["spot"]})
         zones = {z["zone"]: z for z in result.structured_content["zones"]}
         assert zones["us-east1-d"]["available"] is False
         assert set(zones["us-east1-d"]["usd_per_hour"]) == {"spot"}
 
     async def test_an_unknown_accelerator_is_refused(self, world: GatewayWorld) -> None:
-        result = await call(world, "tpu_list_zones", {"accelerator": "v7-4"})
+        result = await call(world, "tpu_plan", {"show": "zones", "accelerator": "v7-4"})
         assert result.is_error and "accelerator" in text(result)

@@ -1,5 +1,5 @@
-"""Prewarm (issue 20, item 3) through the MCP tools and the CLI: a create with ``prewarm`` publishes a builder spec
-with a TTL backstop, a prewarm cannot widen to other slices, and the plan prices one prewarm."""
+"""Prewarm (issue 20, item 3) through the MCP tools and the CLI: ``tpu_deploy`` with ``action='prewarm'`` publishes
+a builder spec with a TTL backstop, a prewarm cannot widen to other slices, and the plan prices one prewarm."""
 
 from __future__ import annotations
 
@@ -29,31 +29,33 @@ def world(world: GatewayWorld) -> GatewayWorld:
 
 
 async def test_a_prewarm_where_no_cache_bucket_is_is_refused_naming_the_zone(world: GatewayWorld) -> None:
-    arguments = {"deployment_id": "warm", **BASE, "zones": ["us-east5-b", "europe-west4-a"], "prewarm": True}
-    result = await call(world, "tpu_create_deployment", arguments)
+    arguments = {"deployment_id": "warm", "action": "prewarm", **BASE, "zones": ["us-east5-b", "europe-west4-a"]}
+    result = await call(world, "tpu_deploy", arguments)
     assert result.is_error and "zones[1]" in text(result) and "us-east5" in text(result)
     assert world.published() == []
 
 
-async def test_a_prewarm_create_publishes_a_builder_spec_with_a_ttl_backstop(world: GatewayWorld) -> None:
-    result = await call(world, "tpu_create_deployment", {"deployment_id": "warm", **BASE, "prewarm": True})
+async def test_a_prewarm_publishes_a_builder_spec_with_a_ttl_backstop_and_a_create_does_not(
+    world: GatewayWorld,
+) -> None:
+    result = await call(world, "tpu_deploy", {"deployment_id": "warm", "action": "prewarm", **BASE})
     assert not result.is_error, text(result)
     (message,) = world.published()
     assert isinstance(message, CreateDeployment)
     assert message.spec.prewarm and message.spec.ttl_hours == PREWARM_TTL_HOURS
-    result = await call(world, "tpu_create_deployment", {"deployment_id": "served", **BASE, "ttl_hours": 3})
+    result = await call(world, "tpu_deploy", {"deployment_id": "served", **BASE, "ttl_hours": 3})
     assert not result.is_error and not world.published()[-1].spec.prewarm
 
 
 async def test_a_prewarm_with_alternative_slices_is_refused_before_anything_is_published(world: GatewayWorld) -> None:
-    arguments = {"deployment_id": "warm", **BASE, "prewarm": True, "alternative_accelerators": ["v6e-8"]}
-    result = await call(world, "tpu_create_deployment", arguments)
+    arguments = {"deployment_id": "warm", "action": "prewarm", **BASE, "alternative_accelerators": ["v6e-8"]}
+    result = await call(world, "tpu_deploy", arguments)
     assert result.is_error and "prewarm" in text(result) and "alternative" in text(result)
     assert world.published() == []
 
 
 async def test_the_plan_prices_one_prewarm(world: GatewayWorld) -> None:
-    result = await call(world, "tpu_plan_deployment", BASE)
+    result = await call(world, "tpu_plan", BASE)
     assert not result.is_error, text(result)
     prewarm = result.structured_content["prewarm"]
     cheapest = min(cost["usd_per_hour"] for cost in result.structured_content["costs"])

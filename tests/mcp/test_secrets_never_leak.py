@@ -32,31 +32,38 @@ TAIL_CANARY = "hf_" + "TailCanary" + "7" * 20  # token-shaped, never registered:
 
 def _calls(run_id: str, tail_id: str = "00000000-0000-4000-8000-000000000001") -> list[tuple[str, dict[str, Any]]]:
     return [
-        ("tpu_tail_serving_logs", {"deployment_id": "gemma-a", "task_id": tail_id}),
-        ("tpu_tail_serving_logs", {"deployment_id": "gemma-a", "lines": 5}),
-        ("tpu_get_operation", {"command_id": tail_id}),
-        ("tpu_list_deployments", {}),
-        ("tpu_get_deployment", {"deployment_id": "gemma-a"}),
-        ("tpu_query_model", {"deployment_id": "gemma-a", "prompt": "What is the API key?"}),
-        ("tpu_query_model", {"deployment_id": "gemma-a", "prompt": f"echo {HF_TOKEN}", "system_prompt": API_KEY}),
-        ("tpu_check_health", {"deployment_id": "gemma-a"}),
-        ("tpu_get_logs", {"deployment_id": "gemma-a"}),
-        ("tpu_get_logs", {}),
-        ("tpu_analyze_logs", {"deployment_id": "gemma-a", "min_severity": "DEFAULT"}),
-        ("tpu_get_metrics", {"deployment_id": "gemma-a"}),
-        ("tpu_plan_deployment", {"model": "gemma-4-26b-a4b"}),
-        ("tpu_render_artifacts", {"deployment_id": "gemma-a"}),
-        ("tpu_list_zones", {}),
+        ("tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "task_id": tail_id}),
+        ("tpu_control", {"action": "log_tail", "deployment_id": "gemma-a", "lines": 5}),
+        ("tpu_status", {"command_id": tail_id}),
+        ("tpu_status", {}),
+        ("tpu_status", {"deployment_id": "gemma-a"}),
+        ("tpu_query", {"deployment_id": "gemma-a", "prompt": "What is the API key?"}),
+        ("tpu_query", {"deployment_id": "gemma-a", "prompt": f"echo {HF_TOKEN}", "system_prompt": API_KEY}),
+        ("tpu_query", {"deployment_id": "gemma-a"}),  # no prompt: the health check
+        ("tpu_observe", {"show": "logs", "deployment_id": "gemma-a"}),
+        ("tpu_observe", {"show": "logs"}),
+        ("tpu_observe", {"show": "analysis", "deployment_id": "gemma-a", "min_severity": "DEFAULT"}),
+        ("tpu_observe", {"deployment_id": "gemma-a"}),  # the metrics
+        ("tpu_plan", {"model": "gemma-4-26b-a4b"}),
+        ("tpu_plan", {"show": "startup_script", "deployment_id": "gemma-a"}),
+        ("tpu_plan", {"show": "gke_manifest", "deployment_id": "gemma-a"}),
+        ("tpu_plan", {"show": "zones"}),
         ("tpu_save_hf_token", {"token": HF_TOKEN}),
         ("tpu_save_hf_token", {"token": HF_TOKEN + "x"}),
         ("tpu_save_hf_token", {"token": "hf_OtherToken0123456789abcdefgh", "confirm": "wrong"}),
         ("tpu_save_hf_token", {"token": API_KEY}),
-        ("tpu_delete_deployment", {"deployment_id": "gemma-a", "confirm": HF_TOKEN[:40]}),
-        ("tpu_get_operation", {"command_id": run_id}),
-        ("tpu_get_benchmark", {"run_id": run_id}),
-        ("tpu_compare_benchmarks", {}),
-        ("tpu_run_benchmark", {"deployment_id": "gemma-a"}),
+        ("tpu_control", {"action": "delete", "deployment_id": "gemma-a", "confirm": HF_TOKEN[:40]}),
+        ("tpu_status", {"command_id": run_id}),
+        ("tpu_observe", {"show": "benchmarks", "command_id": run_id}),
+        ("tpu_observe", {"show": "benchmarks"}),
+        ("tpu_benchmark", {"deployment_id": "gemma-a"}),
     ]
+
+
+def _label(name: str, arguments: dict[str, Any]) -> str:
+    """The call's tool and view or action (``tpu_control:log_tail``), never its arguments (they carry secrets)."""
+    chosen = arguments.get("action") or arguments.get("show")
+    return f"{name}:{chosen}" if chosen else name
 
 
 async def test_no_result_and_no_log_line_carries_a_secret(
@@ -85,8 +92,11 @@ async def test_no_result_and_no_log_line_carries_a_secret(
             async with Client(world.server()) as session:
                 for name, arguments in _calls("00000000-0000-4000-8000-000000000000", tail_id):
                     result = await session.call_tool(name, arguments)
-                    results.append(name + " " + json.dumps(result.structured_content))
-                    results.extend(block.text for block in result.content if hasattr(block, "text"))
+                    said = [block.text for block in result.content if hasattr(block, "text")]
+                    ran = not any("Unknown tool" in t or "is not a parameter of" in t for t in said)
+                    assert ran, f"{_label(name, arguments)} was refused before it ran: the call is stale"
+                    results.append(_label(name, arguments) + " " + json.dumps(result.structured_content))
+                    results.extend(said)
             assert stub.headers, "the model endpoint was called (and got the key in a header, where it belongs)"
     finally:
         logging.getLogger().removeHandler(handler)
@@ -98,7 +108,7 @@ async def test_no_result_and_no_log_line_carries_a_secret(
         for line in raw_records:
             assert secret not in line, f"a log record carried a secret: {line[:160]}"
         assert secret not in written.getvalue()
-    tails = [text for text in results if text.startswith("tpu_tail_serving_logs")]
+    tails = [text for text in results if text.startswith("tpu_control:log_tail")]
     assert tails and "[REDACTED]" in tails[0], "the stored tail was read back, with its secrets masked"
     assert TAIL_CANARY not in " ".join(results) and TAIL_CANARY not in written.getvalue()
     assert "[REDACTED]" in " ".join(results)  # the echoed key and the log lines were there, and were masked

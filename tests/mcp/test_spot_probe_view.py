@@ -60,7 +60,7 @@ def _seed(world: GatewayWorld) -> None:
 async def test_the_deployment_view_shows_the_probe_steps_and_what_holds_the_wait(world: GatewayWorld) -> None:
     _seed(world)
     async with Client(world.server()) as session:
-        result = await session.call_tool("tpu_get_deployment", {"deployment_id": "gemma-a"})
+        result = await session.call_tool("tpu_status", {"deployment_id": "gemma-a"})
     assert not result.is_error, result.content
     body: dict[str, Any] = result.structured_content or {}
     assert [r["waiting_on"] for r in body["resources"]] == ["quota", None]

@@ -33,10 +33,10 @@ async def test_the_gateway_serves_over_stdio_and_logs_json_to_stderr_only(tmp_pa
     with stderr_path.open("w", encoding="utf-8") as errlog:
         async with Client(stdio_client(params, errlog=errlog)) as client:
             tools = await client.list_tools()
-            listed = await client.call_tool("tpu_list_deployments", {})
-            planned = await client.call_tool("tpu_plan_deployment", {"model": "gemma-4-e4b", "accelerator": "v6e-1"})
+            listed = await client.call_tool("tpu_status", {})
+            planned = await client.call_tool("tpu_plan", {"model": "gemma-4-e4b", "accelerator": "v6e-1"})
             saved = await client.call_tool("tpu_save_hf_token", {"token": HF_TOKEN})
-            refused = await client.call_tool("tpu_delete_deployment", {"deployment_id": "ghost"})
+            refused = await client.call_tool("tpu_control", {"action": "delete", "deployment_id": "ghost"})
 
     assert sorted(tool.name for tool in tools.tools) == sorted(EXPECTED)
     assert not listed.is_error and listed.structured_content["total"] == 0

@@ -1,9 +1,10 @@
-"""``tpu_update_deployment`` / ``tpuctl update``: a partial spec change published as ``deployment.update``.
+"""``tpu_deploy(action='update')`` / ``tpuctl update``: a partial spec change published as ``deployment.update``.
 
 Through the real ``GatewayCore`` on the embedded adapters (the ``world`` fixture), and through the provisioner
 on the TPU simulator, which applies the update: the generation bumps, and a new generation runs on a new slice.
-That is why an update of a deployment whose slice is up needs confirmation (a TTL change too, with today's
-controller), while one of a stopped or still-searching deployment does not.
+That is why an update of a deployment whose slice is up needs confirmation (not a change of when it ends: TTL,
+budget and idle apply in place), while one of a stopped or still-searching deployment does not. ``hedge`` is no
+MCP argument since issue #23 (``tpuctl update --hedge``): its updates are checked through the core and the CLI.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ZONES = (CHEAP, EUROPE)
 
 async def call(world: GatewayWorld, arguments: dict[str, Any], **client: Any) -> Any:
     async with Client(world.server(), **client) as session:
-        return await session.call_tool("tpu_update_deployment", {"deployment_id": "gemma-a", **arguments})
+        return await session.call_tool("tpu_deploy", {"action": "update", "deployment_id": "gemma-a", **arguments})
 
 
 def with_spec(world: GatewayWorld, record: DeploymentRecord, **fields: Any) -> DeploymentRecord:
@@ -91,15 +92,13 @@ class TestWithoutASliceToReplace:
             ),
             expected_version=record.version,
         )
-        result = await call(
-            world, {"max_model_len": 8192, "kv_cache_dtype": "fp8", "tiers": ["spot", "on_demand"], "hedge": 3}
-        )
+        result = await call(world, {"max_model_len": 8192, "kv_cache_dtype": "fp8", "tiers": ["spot", "on_demand"]})
         assert not result.is_error, text(result)
         fields = [change["field"] for change in result.structured_content["changes"]]
-        assert fields == ["tiers", "hedge", "max_model_len", "kv_cache_dtype"]
+        assert fields == ["tiers", "max_model_len", "kv_cache_dtype"]
         (message,) = world.published()
         assert message.spec.serving.max_model_len == 8192 and message.spec.serving.kv_cache_dtype == "fp8"
-        assert message.spec.tiers == (Tier.SPOT, Tier.ON_DEMAND) and message.spec.hedge == 3
+        assert message.spec.tiers == (Tier.SPOT, Tier.ON_DEMAND) and message.spec.hedge == record.spec.hedge
         assert message.spec.health.boot_budget_s == 900.0  # the stored thresholds ride along unchanged
         assert "search starts again" in result.structured_content["next_step"]
 
@@ -137,8 +136,8 @@ class TestReplacingASlice:
 
     async def test_a_token_confirms_only_the_change_it_was_issued_for(self, world: GatewayWorld) -> None:
         world.seed("gemma-a")
-        token = refusal_confirmation(await call(world, {"hedge": 3}))["confirm"]
-        other = await call(world, {"hedge": 4, "confirm": token})
+        token = refusal_confirmation(await call(world, {"max_model_len": 4096}))["confirm"]
+        other = await call(world, {"max_model_len": 8192, "confirm": token})
         assert other.is_error
         assert text(other).startswith("[confirmation_required] confirm: 'gemma-a' changed since the token was issued")
         assert world.published() == []
@@ -150,7 +149,7 @@ class TestReplacingASlice:
         ref = record.status.resources[0].model_copy(update={"state": QueuedResourceState.PROVISIONING})
         status = record.status.model_copy(update={"resources": [ref]})
         world.store.put_deployment(record.model_copy(update={"status": status}), expected_version=record.version)
-        body = refusal_confirmation(await call(world, {"hedge": 3}))
+        body = refusal_confirmation(await call(world, {"max_model_len": 4096}))
         assert "found capacity and is being provisioned" in body["impact"]
         assert world.published() == []
 
@@ -165,10 +164,10 @@ class TestReplacingASlice:
             asked.append(params.message)
             return ElicitResult(action="accept", content={"confirm": "gemma-a"})
 
-        result = await call(world, {"hedge": 3}, elicitation_callback=callback, mode=mode)
+        result = await call(world, {"max_model_len": 4096}, elicitation_callback=callback, mode=mode)
         assert not result.is_error, text(result)
-        assert asked and "hedge 2 → 3" in asked[0] and "Type 'gemma-a' to confirm" in asked[0]
-        assert [m.spec.hedge for m in world.published()] == [3]
+        assert asked and "max_model_len unset → 4096" in asked[0] and "Type 'gemma-a' to confirm" in asked[0]
+        assert [m.spec.serving.max_model_len for m in world.published()] == [4096]
 
 
 class TestRefusals:
@@ -178,7 +177,13 @@ class TestRefusals:
             (None, {"ttl_hours": 8}, "[not_found] deployment_id: no deployment 'gemma-a'"),
             (Desired.ABSENT, {"ttl_hours": 8}, "[failed_precondition] deployment_id: 'gemma-a' is being deleted"),
             (Desired.STOPPED, {}, "[invalid_argument] changes: no field to change was given"),
-            (Desired.STOPPED, {"hedge": 2}, "[invalid_argument] changes: 'gemma-a' already has these values"),
+            (
+                Desired.STOPPED,
+                {"tiers": ["flex_start", "spot", "on_demand"]},
+                "[invalid_argument] changes: 'gemma-a' already has these values",
+            ),
+            (Desired.STOPPED, {"hedge": 3}, "[invalid_argument] hedge: is not a parameter of tpu_deploy"),
+            (Desired.STOPPED, {"model": "gemma-4-e2b"}, "[invalid_argument] model: cannot be changed by an update"),
             (Desired.STOPPED, {"ttl_hours": 3, "clear": ["ttl_hours"]}, "[invalid_argument] ttl_hours: is both"),
             (Desired.STOPPED, {"zones": ["us-east5-z"]}, "[invalid_argument] zones[0]: us-east5-z is not a zone"),
             (Desired.STOPPED, {"tiers": ["reservation"]}, "[invalid_argument] tiers: 'reservation' needs"),

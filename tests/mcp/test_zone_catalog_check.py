@@ -17,7 +17,7 @@ def test_a_misspelt_zone_is_refused_before_a_create_is_published(world: GatewayW
         )
     message = str(refused.value)
     assert message.startswith("[invalid_argument] zones[0]: us-east5-z is not a zone that offers v6e")
-    assert "Fix: pick one of us-east5-a, us-east5-b, us-east5-c" in message and "tpu_list_zones" in message
+    assert "Fix: pick one of us-east5-a, us-east5-b, us-east5-c" in message and "tpu_plan(show='zones')" in message
     assert world.published() == []
 
 

@@ -165,7 +165,7 @@ class TestDispatch:
         [
             (Phase.SEARCHING, "BOOTING or later"),
             (Phase.PROVISIONING, "BOOTING or later"),
-            (Phase.STOPPED, "tpu_start_deployment"),
+            (Phase.STOPPED, "tpu_control(action='start'"),
             (Phase.FAILED, "no TPU VM"),
         ],
     )
@@ -412,7 +412,7 @@ def test_a_debug_request_is_recorded_and_dispatched_to_its_node_only(world: Worl
 def test_a_debug_request_for_a_stopped_deployment_is_refused_with_the_fix(world: World) -> None:
     world.deploy(phase=Phase.STOPPED)
     request = _debug()
-    with pytest.raises(PermanentError, match=r"STOPPED.*tpu_start_deployment"):
+    with pytest.raises(PermanentError, match=r"STOPPED.*tpu_control\(action='start'"):
         world.service.handle(request)
     assert world.task(request.command_id).status == "failed"
     assert world.dispatched("node-a") == []

@@ -450,7 +450,7 @@ def test_each_component_holds_exactly_the_roles_issue_9_lists(
     assert identities.locals["gateway_project_roles"] == [
         "roles/datastore.viewer",
         "roles/logging.viewer",
-        "roles/cloudquotas.viewer",  # tpu_list_zones reads quota limits (Cloud Quotas API)
+        "roles/cloudquotas.viewer",  # tpu_plan(show='zones') reads quota limits (Cloud Quotas API)
     ]
     gateway_publish = identities.resources["google_pubsub_topic_iam_member", "gateway_publisher"]
     assert gateway_publish["topic"] == "${var.commands_topic}" and gateway_publish["role"] == "roles/pubsub.publisher"

@@ -1,4 +1,4 @@
-"""The one-line progress text of a deployment (``tpu_get_operation``, ``tpuctl deploy --wait``), phase by phase.
+"""The one-line progress text of a deployment (``tpu_status(command_id)``, ``tpuctl deploy --wait``), phase by phase.
 
 Pinned: each phase's wording and what it names (the zones being tried, the zone and tier being provisioned, the
 boot stage of the current generation's node only, the endpoint, the controller's message), the whole minutes
@@ -158,7 +158,7 @@ def erased(text: str, limit: int) -> str:
         ),
         pytest.param(
             deployment(Phase.FAILED),
-            "Failed: see tpu_get_deployment attempts",
+            "Failed: see the attempts in tpu_status(deployment_id='gemma-a')",
             id="failed-without-message",
         ),
         pytest.param(deployment(Phase.STOPPING, phase_since=FIVE_MIN_AGO), "Stopping, 5 min", id="stopping"),
@@ -259,7 +259,7 @@ def test_untrusted_text_is_cleaned_with_its_limit(case: DeploymentRecord, expect
         pytest.param(deployment(Phase.STALLED, message="\u202e"), "Unhealthy (STALLED)", id="stalled"),
         pytest.param(
             deployment(Phase.FAILED, message="\x00\x00"),
-            "Failed: see tpu_get_deployment attempts",
+            "Failed: see the attempts in tpu_status(deployment_id='gemma-a')",
             id="failed",
         ),
     ],

@@ -78,8 +78,8 @@ def test_node_phases_are_all_live_phases() -> None:
 
 # --- no_node_reason -------------------------------------------------------------------------------------------
 
-NO_VM_YET = "try again once tpu_get_deployment shows BOOTING or later"
-START_IT = "start it with tpu_start_deployment first"
+NO_VM_YET = "try again once tpu_status(deployment_id='gemma-a') shows BOOTING or later"
+START_IT = "start it with tpu_control(action='start', deployment_id='gemma-a') first"
 CREATE_ONE = "create or start a deployment first"
 
 # Every phase but DELETED (which is "no live deployment", below): None means a node task may run.
@@ -129,9 +129,7 @@ def test_no_node_reason_names_the_phase_and_the_next_step(phase: Phase, fix: str
     ],
 )
 def test_a_missing_or_deleted_deployment_is_no_live_deployment(case: DeploymentRecord | None) -> None:
-    assert no_node_reason(case, "gemma-a") == (
-        "deployment_id: no live deployment 'gemma-a' (check tpu_list_deployments)"
-    )
+    assert no_node_reason(case, "gemma-a") == ("deployment_id: no live deployment 'gemma-a' (check tpu_status)")
 
 
 def test_a_deployment_asked_to_stop_but_still_serving_still_takes_node_tasks() -> None:
@@ -186,7 +184,7 @@ def test_a_timed_out_task_keeps_what_it_was_and_says_what_to_do() -> None:
     read = as_read(before, NOW, TIMEOUT_S)
     assert read.detail == (
         "the node agent did not answer within 30 s (the node may be down or restarting); "
-        "check tpu_get_deployment, then try again"
+        "check tpu_status(deployment_id='gemma-a'), then try again"
     )
     kept = ("task_id", "deployment_id", "action", "reason", "requested_at", "dispatched_at", "lines")
     assert {name: getattr(read, name) for name in kept} == {name: getattr(before, name) for name in kept}

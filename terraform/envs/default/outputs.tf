@@ -1,7 +1,7 @@
 output "gateway_environment" {
   description = "TPUCTL_* settings for the MCP gateway on an operator's machine (with their own ADC)."
   # The secret names and the node-agent bundle as the functions have them: a plan the gateway previews
-  # (tpuctl plan, tpu_render_artifacts) is byte for byte the startup script the controller deploys.
+  # (tpuctl plan, tpu_plan(show='startup_script')) is byte for byte the startup script the controller deploys.
   value = merge({
     TPUCTL_BACKEND             = "gcp"
     TPUCTL_PROJECT             = var.project_id
@@ -12,7 +12,7 @@ output "gateway_environment" {
     TPUCTL_VLLM_API_KEY_SECRET = local.function_environment.TPUCTL_VLLM_API_KEY_SECRET
     # A workstation is outside the VPC: live calls go through an IAP tunnel when the firewall admits IAP.
     TPUCTL_ENDPOINT_ACCESS = var.allow_iap_vllm ? "iap" : "direct"
-    # tpu_debug_bundle reads the bundles node agents keep here.
+    # tpu_observe(show='debug_bundle') reads the bundles node agents keep here.
     TPUCTL_DEBUG_BUNDLE_BUCKET = google_storage_bucket.debug_bundles.name
     # The weights caches as the functions have them: the same startup script, and the plan's cache state.
     TPUCTL_WEIGHTS_CACHE_BUCKETS      = local.function_environment.TPUCTL_WEIGHTS_CACHE_BUCKETS

@@ -15,8 +15,9 @@
 # compile/. The builder is never a firewall target: rules admit the vLLM port by network tag, and a builder opens no port.
 #
 # Gateway user: publishes commands, reads Firestore state, logs and quota limits (Cloud Quotas, for
-# tpu_list_zones' live quota). Nothing on the TPU API: every change to TPUs goes through a command that
-# the provision function validates (the live quota counts usage from Firestore records instead).
+# the live quota tpu_plan(show='zones') shows). Nothing on the TPU API: every change to TPUs goes
+# through a command that the provision function validates (the live quota counts usage from Firestore
+# records instead).
 
 resource "google_service_account" "tpu_vm" {
   project      = var.project_id
@@ -65,7 +66,7 @@ resource "google_storage_bucket_iam_member" "tpu_vm_bundle_reader" {
 # Debug bundles (shared/domain/debug_bundle.py): a VM may create objects under debug-bundles/ and nothing
 # else. objectCreator cannot read, overwrite or delete, so a hostile VM can neither read another
 # deployment's bundle nor change one already kept; the controller links a task only to the one name that
-# task may have. The gateway's users read them (tpu_debug_bundle).
+# task may have. The gateway's users read them (tpu_observe(show='debug_bundle')).
 resource "google_storage_bucket_iam_member" "tpu_vm_debug_bundle_writer" {
   bucket = var.debug_bundle_bucket
   role   = "roles/storage.objectCreator"

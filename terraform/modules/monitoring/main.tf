@@ -182,7 +182,8 @@ resource "google_monitoring_alert_policy" "unhealthy_phase" {
     content   = <<-EOT
       Deployment $${metric.label.deployment_id} is $${metric.label.phase}. The controller heals on
       its own where it can (restart the container, re-provision after preemption); check
-      `tpu_get_deployment` in the gateway for its conditions and recent samples.
+      `tpu_status(deployment_id='$${metric.label.deployment_id}')` in the gateway for its conditions
+      and recent samples.
     EOT
   }
 }
@@ -256,7 +257,8 @@ resource "google_monitoring_alert_policy" "deployment_finding" {
     content   = <<-EOT
       Deployment $${metric.label.deployment_id} has a $${metric.label.finding} finding: it is short of
       room before its latency breaks (saturation), or vLLM runs another KV-cache dtype or a smaller KV pool
-      than the plan (effective config). `tpu_get_deployment` shows the finding with both figures.
+      than the plan (effective config). `tpu_status(deployment_id='$${metric.label.deployment_id}')`
+      shows the finding with both figures.
     EOT
   }
 }

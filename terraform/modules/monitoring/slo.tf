@@ -86,8 +86,9 @@ resource "google_monitoring_alert_policy" "slo_burn" {
     content   = <<-EOT
       Deployment $${metric.label.deployment_id} has served with its ${each.value.what} p90 above the
       SLO for the whole window: the error budget is burning. Look at its headroom and queue on the
-      "tpuctl: serving SLIs" dashboard; `tpu_get_deployment` shows its findings, and a benchmark at the
-      SLO (`tpu_run_benchmark`) tells whether the slice or the serving flags are the limit.
+      "tpuctl: serving SLIs" dashboard; `tpu_status(deployment_id='$${metric.label.deployment_id}')`
+      shows its findings, and a benchmark at the SLO (`tpu_benchmark`) tells whether the slice or the
+      serving flags are the limit.
     EOT
   }
 
