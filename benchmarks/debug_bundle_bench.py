@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ class ServerAsContainer:
 
     def restart(self, timeout_s: float) -> ContainerState:
         raise RuntimeError("the benchmark never restarts through the container")
+
+    def reconfigure(self, overrides: Mapping[str, Any], timeout_s: float) -> ContainerState:
+        raise RuntimeError("the benchmark never reconfigures the container")
 
     def tail(self, lines: int) -> list[str]:
         return self.server.log_tail(lines).splitlines()

@@ -203,6 +203,11 @@ class LoadGenerator:
         """Ask a running :meth:`run` to start no more requests; those in flight finish, and the result says so."""
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (a later :meth:`run` measures nothing)."""
+        return self._stop.is_set()
+
     # --- one run ---------------------------------------------------------------------------------------------
 
     async def run(

@@ -24,7 +24,14 @@ from typing import Any
 
 from loadgen.generator import BenchmarkSetupError, LoadGenerator
 from shared.domain.bench_confidence import Estimate, change, estimate
-from shared.domain.bench_rate_search import ProbeFigures, ProbeVerdict, RateSearch, SearchSettings, judge_probe
+from shared.domain.bench_rate_search import (
+    SEARCH_FIGURES,
+    ProbeFigures,
+    ProbeVerdict,
+    RateSearch,
+    SearchSettings,
+    judge_probe,
+)
 from shared.messages import BenchmarkRequest
 
 __all__ = [
@@ -39,20 +46,7 @@ __all__ = [
 
 GENERATOR = "tpuctl-rate-search/1"
 
-FIGURES = (
-    "offered_rate",
-    "achieved_rate",
-    "request_throughput",
-    "request_goodput",
-    "output_throughput",
-    "output_goodput",
-    "median_ttft_ms",
-    "p90_ttft_ms",
-    "mean_tpot_ms",
-    "p90_itl_ms",
-    "slo_attainment",
-)
-"""The figures every row carries as estimates over the repeats."""
+FIGURES = SEARCH_FIGURES  # every row carries these as estimates over the repeats
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ __all__ = [
     "TOKENS_PER_SECOND",
     "TRACE_REQUESTS",
     "TTL_HOURS",
+    "TUNE_TRIALS",
     "TURNS",
     "VALID_UNTIL_MINUTES",
     "WAIT_SECONDS",
@@ -97,6 +98,7 @@ NUM_PROMPTS = (1, 10000)
 INPUT_LEN = (1, 131072)
 OUTPUT_LEN = (1, 32768)
 TURNS = (2, 64)
+TUNE_TRIALS = (2, 12)  # shared.messages.BenchmarkRequest.tune_trials (0, a plain run, is the parameter left out)
 TRACE_REQUESTS = 1000  # shared.messages.MAX_TRACE_REQUESTS: a benchmark.run command stays under 64 KiB
 
 # Number ranges: (low, high); "open" ones exclude the low end (gt), the others include it (ge).

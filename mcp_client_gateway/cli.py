@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from rich.text import Text
 
 from mcp_client_gateway.capabilities.deployments import CLEARABLE, UPDATABLE, describe_changes
-from mcp_client_gateway.cli_bench import add_workload_arguments, run_of, workload_settings
+from mcp_client_gateway.cli_bench import add_tune_command, add_workload_arguments, run_of, workload_settings
 from mcp_client_gateway.cli_bench_report import add_bench_report_command
 from mcp_client_gateway.cli_debug import add_debug_command
 from mcp_client_gateway.cli_deploy import PREWARM_HELP, add_deploy_arguments
@@ -219,6 +219,7 @@ def _create(core: GatewayCore, args: argparse.Namespace, *, confirm: str | None)
         book_calendar=args.book_calendar,
         confirm=confirm,
         prewarm=args.prewarm,
+        preset=args.preset,
     )
 
 
@@ -615,7 +616,7 @@ def _add_serving_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_commands(sub: Any, common: argparse.ArgumentParser, waiting: argparse.ArgumentParser) -> None:
-    """bench run, bench show, bench compare."""
+    """bench run, bench show, bench compare; tune (a bench run with tune_trials)."""
     bench = sub.add_parser("bench", parents=[common], help="run, show and compare benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
     run_bench = bench_sub.add_parser("run", parents=[common, waiting], help="benchmark a serving deployment")
@@ -636,6 +637,7 @@ def _add_bench_commands(sub: Any, common: argparse.ArgumentParser, waiting: argp
     plot.add_argument("--out", type=Path, default=Path("bench-plots"), help="folder to write them into")
     plot.set_defaults(handler=cmd_bench_plot)
     add_bench_report_command(bench_sub, common)
+    add_tune_command(sub, [common, waiting], cmd_bench_run)
     compare = bench_sub.add_parser("compare", parents=[common], help="runs side by side")
     compare.add_argument("--deployment")
     compare.add_argument("--model", choices=MODELS)
@@ -714,6 +716,7 @@ _FLAG_OF = {
     "system_prompt": "--system",
     "zones": "--zone",
     "tiers": "--tier",
+    "tune_trials": "--trials",
 }
 _POSITIONAL = frozenset({"deployment_id", "run_id", "prompt"})
 

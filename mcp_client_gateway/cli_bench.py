@@ -21,7 +21,12 @@ from shared.domain.bench_rate_search import LADDER_RUNGS, rate_ladder
 from shared.messages import WORKLOADS
 from shared.messages.contracts import UUID_PATTERN
 
-__all__ = ["add_workload_arguments", "run_of", "workload_settings"]
+__all__ = ["add_tune_command", "add_workload_arguments", "run_of", "workload_settings"]
+
+_TUNE = (
+    "auto-tune a serving deployment's vLLM flags for an SLO: the baseline, then trials each on a recreated engine, "
+    "each judged by its max request rate at the SLO; the best is kept as a verified preset (tpuctl deploy --preset)"
+)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +49,25 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tune_command(sub: Any, parents: list[argparse.ArgumentParser], handler: Any) -> None:
+    """``tpuctl tune ID --trials N --slo-ttft-ms X``: a benchmark run with ``tune_trials`` (``handler`` is the
+    bench run's); ``tpuctl bench show RUN`` prints its trials and the preset it kept."""
+    tune = sub.add_parser("tune", parents=parents, help=_TUNE, description=_TUNE)
+    tune.add_argument("deployment_id")
+    tune.add_argument("--trials", type=int, required=True, help="trials in all, the baseline included (2-12)")
+    tune.add_argument(
+        "--num-prompts",
+        type=int,
+        default=24,
+        help="at least this many requests per probe of each trial's rate search (8 s of arrivals at fast rates)",
+    )
+    tune.add_argument("--input-len", type=int, default=256)
+    tune.add_argument("--output-len", type=int, default=64)
+    tune.add_argument("--command-id", help="idempotency key (UUID)")
+    add_workload_arguments(tune)
+    tune.set_defaults(handler=handler, concurrency=[1, 4, 16], endpoint="completions")
+
+
 def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark settings the flags give (absent flags give nothing: the defaults apply)."""
     settings: dict[str, Any] = {}
@@ -51,6 +75,8 @@ def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, name, None)
         if value is not None:
             settings[name] = value
+    if getattr(args, "trials", None) is not None:  # tpuctl tune
+        settings["tune_trials"] = args.trials
     if args.trace_file is not None:
         try:
             trace = read_trace_file(args.trace_file)

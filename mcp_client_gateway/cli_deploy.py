@@ -9,6 +9,7 @@ from shared.domain.models import ACCELERATOR_TYPES, MODEL_PRESET_NAMES, Tier
 __all__ = ["add_deploy_arguments"]
 
 _ALTERNATIVE = "a slice to step down or across to when the first is scarce (repeat, in order); must fit"
+_PRESET = "a tune run's id (tpuctl tune): serve with the flags it verified on this model and slice"
 _BOOK = "book the earliest calendar-mode window (tpuctl plan shows it and its price; asks for confirmation)"
 
 
@@ -34,6 +35,7 @@ def add_deploy_arguments(deploy: argparse.ArgumentParser) -> None:
     deploy.add_argument("--kv-cache-dtype", choices=("auto", "fp8"))
     deploy.add_argument("--dtype", choices=("bfloat16", "fp8"), help="weight dtype (default bfloat16)")
     deploy.add_argument("--command-id", help="idempotency key (UUID) to retry safely")
+    deploy.add_argument("--preset", metavar="RUN", help=_PRESET)
     deploy.add_argument("--book-calendar", action="store_true", help=_BOOK)
     deploy.add_argument("--prewarm", action="store_true", help=f"{PREWARM_HELP}; the same as tpuctl prewarm")
     deploy.add_argument("--yes", "-y", action="store_true", help="confirm a booking without a prompt")

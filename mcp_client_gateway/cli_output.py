@@ -38,6 +38,7 @@ from mcp_client_gateway.models import (
     ZoneQuotaView,
     ZonesView,
 )
+from mcp_client_gateway.tune_views import tune_table
 
 _UNCUT = 100_000  # columns: wider than any row, so nothing is cut or wrapped
 
@@ -306,12 +307,17 @@ def render_health(report: HealthReport, out: Output) -> None:
 
 def render_benchmark(view: BenchmarkView, out: Output) -> None:
     rows = [(name, value, view.change_pct.get(name)) for name, value in view.headline.items()]
-    out.out.print(_table(f"Benchmark {view.run_id} ({view.status})", ("METRIC", "VALUE", "CHANGE %"), rows))
+    if rows or view.tune is None:  # a tune without sweep figures: its trials below are the result
+        out.out.print(_table(f"Benchmark {view.run_id} ({view.status})", ("METRIC", "VALUE", "CHANGE %"), rows))
+    else:
+        out.out.print(Text(f"Benchmark {view.run_id} ({view.status})"))
     if view.result and view.result.get("points"):
         out.out.print(Text(result_table(view.result)))  # every level, not only the headline
     bound = throughput_bound_line(view.result)
     if bound:
         out.out.print(Text(bound))
+    if view.tune is not None:  # an auto-tune: every trial, the best marked, and the preset it kept
+        out.out.print(Text(tune_table(view.tune, view.preset)))
     if view.error:
         out.out.print(Text(f"error: {view.error}"))
 

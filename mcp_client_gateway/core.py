@@ -138,10 +138,11 @@ class GatewayCore:
         book_calendar: bool = False,
         confirm: str | None = None,
         prewarm: bool = False,
+        preset: str | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; no zones: the
         plan's search scope (where the slice, or an alternative slice, fits the live quota,
-        ``Capacity.search_scope``)."""
+        ``Capacity.search_scope``); ``preset``: a tune run's id, whose verified serving flags the spec takes."""
         if zones is None:
             zones = self.capacity.ladder_scope(accelerator, alternative_accelerators, tiers).zones
         accepted = self.deployments.create_deployment(
@@ -164,6 +165,7 @@ class GatewayCore:
             book_calendar=book_calendar,
             confirm=confirm,
             prewarm=prewarm,
+            preset=preset,
         )
         warning = clock_warning(self.ports, ttl_hours)
         return accepted.model_copy(update={"warnings": [warning]}) if warning else accepted

@@ -65,8 +65,25 @@ _DEPLOY_SPEC = {
     "dtype": "--dtype",
     "command_id": "--command-id",
 }
-_CREATE_SPEC = {"model": "--model", **_DEPLOY_SPEC, "alternative_accelerators": "--alternative-accelerator"}
+_CREATE_SPEC = {
+    "model": "--model",
+    **_DEPLOY_SPEC,
+    "alternative_accelerators": "--alternative-accelerator",
+    "preset": "--preset",
+}
 _ID = ("deployment_id",)
+_BENCH_FLAGS = {  # tpuctl bench run and tpuctl tune (a benchmark run with tune_trials)
+    "num_prompts": "--num-prompts",
+    "input_len": "--input-len",
+    "output_len": "--output-len",
+    "command_id": "--command-id",
+    "workload": "--workload",
+    "prefix_len": "--prefix-len",
+    "prefix_share": "--prefix-share",
+    "turns": "--turns",
+    "slo_ttft_ms": "--slo-ttft-ms",
+    "slo_tpot_ms": "--slo-tpot-ms",
+}
 _CONFIRM = {"confirm": "--confirm"}
 
 # Which view or action of a tool a call is: the tool's selecting parameter and its default. tpu_status and
@@ -132,22 +149,10 @@ COMMANDS: dict[str, CliCommand | None] = {
     "tpu_control:capture_poll": CliCommand("debug", _ID, {"task_id": "--task-id"}),  # a pending capture, read
     "tpu_control:delete": CliCommand("delete", _ID, _CONFIRM),
     "tpu_benchmark": CliCommand(
-        "bench run",
-        _ID,
-        {
-            "concurrency": "--concurrency",
-            "num_prompts": "--num-prompts",
-            "input_len": "--input-len",
-            "output_len": "--output-len",
-            "command_id": "--command-id",
-            "workload": "--workload",
-            "prefix_len": "--prefix-len",
-            "prefix_share": "--prefix-share",
-            "turns": "--turns",
-            "slo_ttft_ms": "--slo-ttft-ms",
-            "slo_tpot_ms": "--slo-tpot-ms",
-        },
-        frozenset({"request_rate"}),
+        "bench run", _ID, {"concurrency": "--concurrency", **_BENCH_FLAGS}, frozenset({"request_rate"})
+    ),
+    "tpu_benchmark:tune": CliCommand(
+        "tune", _ID, {"tune_trials": "--trials", **_BENCH_FLAGS}, frozenset({"request_rate", "concurrency"})
     ),
     "tpu_save_hf_token": CliCommand("token set", (), _CONFIRM, frozenset({"token"})),
 }
@@ -166,7 +171,8 @@ CONFIRMED_BY: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 
 def call_key(tool: str, arguments: Mapping[str, object]) -> str:
     """Which ``COMMANDS`` entry a call is: ``tpu_control`` with ``action='stop'`` is ``tpu_control:stop``;
-    ``tpu_status`` with a ``command_id`` is ``tpu_status:command``; a tool with one command is its own name."""
+    ``tpu_status`` with a ``command_id`` is ``tpu_status:command``; ``tpu_benchmark`` with ``tune_trials`` is
+    ``tpu_benchmark:tune`` (``tpuctl tune``); a tool with one command is its own name."""
     if tool == "tpu_status":
         return (
             "tpu_status:command"
@@ -175,6 +181,8 @@ def call_key(tool: str, arguments: Mapping[str, object]) -> str:
         )
     if tool == "tpu_query":
         return "tpu_query:query" if "prompt" in arguments else "tpu_query:health"
+    if tool == "tpu_benchmark":
+        return "tpu_benchmark:tune" if "tune_trials" in arguments else tool
     if tool not in _SELECTOR:
         return tool
     name, default = _SELECTOR[tool]

@@ -16,6 +16,7 @@ from mcp_client_gateway.cache_views import PrewarmView, WeightsCacheView
 from mcp_client_gateway.calendar_views import CalendarQuoteView
 from mcp_client_gateway.debug_views import UNTRUSTED_NOTICE, DebugBundleView, DebugProcessView, DebugThreadView
 from mcp_client_gateway.slice_views import AlternativeSliceView
+from mcp_client_gateway.tune_views import PresetView, TuneView
 from shared.domain.untrusted import benchmark_result_view, clean_text, node_system_view
 
 __all__ = [
@@ -646,6 +647,8 @@ class BenchmarkView(_View):
     headline: dict[str, float]
     previous: BenchmarkRow | None = Field(default=None, description="The run before this one on the same deployment.")
     change_pct: dict[str, float] = Field(description="Per headline metric, % change from the previous run.")
+    tune: TuneView | None = Field(default=None, description="An auto-tune's trials and the best (tune_trials).")
+    preset: PresetView | None = Field(default=None, description="The verified preset the tune kept.")
     node_reported: NodeReported | None = Field(
         default=None, description="Which fields hold untrusted data reported by the TPU VM."
     )

@@ -13,7 +13,9 @@ Run it as ``python -m node_agent.agent`` (the startup script does, with the ``TP
    anything twice, across agent restarts too. A task's answer goes out in its request's trace (``shared.tracing``);
 5. runs the load generator against the local vLLM (``loadgen.generator``), one run at a time, keeps the
    per-request records in a JSON Lines file beside the journal, and publishes ``benchmark.completed`` (status,
-   structured result, cause of failure) on the events topic, retrying the publish until the bus takes it;
+   structured result, cause of failure) on the events topic, retrying the publish until the bus takes it; a run
+   whose request has ``tune_trials`` is an auto-tune, vLLM recreated per trial of serving flags and the planned
+   flags restored after (``node_agent.tuning``);
 6. carries out node tasks through the Docker Engine API (``shared.adapters.docker_engine``; the local cloud
    serves the same API over its vLLM process) and answers each with ``node.task_completed``, retried likewise:
 
@@ -46,10 +48,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -61,6 +62,7 @@ from node_agent.bundle_keeper import BundleKeeper, KeptBundle, node_bundle_keepe
 from node_agent.event_key import read_event_key
 from node_agent.journal import AgentLock, JournalEntry, RunJournal, TaskEntry, TaskJournal
 from node_agent.log_lines import clean_log_line
+from node_agent.runs import RunControl, Runner, RunOutcome
 from node_agent.system_info import boot_id, system_info
 from node_agent.tpu_telemetry import TelemetrySampler, start_sampler, tpu_result
 from shared.config import Settings
@@ -98,6 +100,9 @@ __all__ = [
     "ship_serving_logs",
     "shrink_result",
 ]
+
+if TYPE_CHECKING:
+    from shared.wiring import Runtime
 
 log = logging.getLogger("tpuctl.node_agent")
 
@@ -145,38 +150,6 @@ def node_subscription(deployment_id: str) -> str:
     """The node agent's subscription on the node-tasks topic: its deployment's node channel, which the controller
     makes (``shared.ports.node_channel``)."""
     return node_channel(deployment_id)
-
-
-@dataclass
-class RunOutcome:
-    """What a runner hands back: the structured result and the per-request records (JSON lines)."""
-
-    result: dict[str, Any]
-    records: Iterable[str] = ()
-    cancelled: bool = False
-
-
-@dataclass
-class RunControl:
-    """Lets the agent stop a run: the runner registers how; :meth:`stop` calls it."""
-
-    stopping: threading.Event = field(default_factory=threading.Event)
-    reason: str = ""
-    _on_stop: list[Callable[[], None]] = field(default_factory=list)
-
-    def on_stop(self, callback: Callable[[], None]) -> None:
-        self._on_stop.append(callback)
-        if self.stopping.is_set():
-            callback()
-
-    def stop(self, reason: str) -> None:
-        self.reason = self.reason or reason
-        self.stopping.set()
-        for callback in list(self._on_stop):
-            callback()
-
-
-Runner = Callable[[RunBenchmark, RunControl], Coroutine[Any, Any, RunOutcome]]
 
 
 class VllmRunner:
@@ -695,9 +668,26 @@ def _read_key(path: Path | None) -> str | None:
     return key or None
 
 
+def _start_log_shipper(
+    runtime: Runtime, agent: NodeAgentSettings, *, api_key: str | None, journal_dir: Path, stop: threading.Event
+) -> threading.Thread:
+    """The log shipper's thread (:func:`ship_serving_logs`), started."""
+    sink = runtime.log_sink(agent.deployment_id, agent.node_container)
+    shipping = threading.Thread(
+        target=ship_serving_logs,
+        args=(sink, agent),
+        kwargs={"api_key": api_key, "journal_dir": journal_dir, "stop": stop},
+        name="log-shipper",
+        daemon=True,
+    )
+    shipping.start()
+    return shipping
+
+
 def main() -> int:
     """Entry point of ``python -m node_agent.agent``."""
     from loadgen.datasets import find_tokenizer_file
+    from node_agent.tuning import TuningRunner, restore_planned_flags
     from shared.adapters.docker_engine import DockerEngineContainer
     from shared.config import get_settings
     from shared.domain.serving_key import deployment_api_key
@@ -717,7 +707,9 @@ def main() -> int:
     lock.acquire()
     runtime = Runtime(settings)
     tokenizer = find_tokenizer_file(agent_settings.node_tokenizer) if agent_settings.node_tokenizer else None
+    target = Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=serving_key)
     container = DockerEngineContainer(agent_settings.node_docker_host, agent_settings.node_container)
+    restore_planned_flags(container, agent_settings.node_restart_timeout_s)  # a tune that died left its flags
     stop = threading.Event()
     bundles = node_bundle_keeper(
         runtime,
@@ -732,9 +724,13 @@ def main() -> int:
         deployment_id=agent_settings.deployment_id,
         node_name=agent_settings.node_name,
         journal=RunJournal(journal_dir),
-        runner=VllmRunner(
-            Target(agent_settings.node_vllm_url, model=agent_settings.node_served_model, api_key=serving_key),
+        runner=TuningRunner(  # a request with tune_trials is a tune (node_agent.tuning), any other a plain run
+            VllmRunner(target, tokenizer_file=tokenizer),
+            target,
+            container,
             tokenizer_file=tokenizer,
+            api_key=api_key,
+            stop_timeout_s=agent_settings.node_restart_timeout_s,
         ),
         clock=runtime.clock,  # the simulator's virtual time in the local cloud, wall time on a VM
         node_tasks_topic=runtime.topic("node-tasks"),
@@ -755,15 +751,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sink = runtime.log_sink(agent_settings.deployment_id, agent_settings.node_container)
-    shipping = threading.Thread(
-        target=ship_serving_logs,
-        args=(sink, agent_settings),
-        kwargs={"api_key": api_key, "journal_dir": journal_dir, "stop": stop},
-        name="log-shipper",
-        daemon=True,
-    )
-    shipping.start()
+    shipping = _start_log_shipper(runtime, agent_settings, api_key=api_key, journal_dir=journal_dir, stop=stop)
     try:
         recovered = agent.start()
         log.info("node agent for %s up (recovered %d interrupted run(s))", agent.deployment_id, len(recovered))

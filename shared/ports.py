@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from shared.domain.boot_progress import GuestAttribute
 from shared.domain.canary import CanaryCheck
@@ -514,6 +514,10 @@ class ContainerState:
     status: str
     started_at: datetime | None  # None: never started
     pid: int | None = None
+    image: str | None = None  # Config.Image: the reference it was created from
+    command: tuple[str, ...] = ()  # Config.Cmd as it runs (the vllm argv after the startup script's wrappers)
+    planned_command: tuple[str, ...] = ()  # the Cmd the startup script created it with (before any overrides)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # the serving overrides it runs with ({}: planned)
 
 
 class ServingContainer(Protocol):
@@ -531,6 +535,14 @@ class ServingContainer(Protocol):
 
     def tail(self, lines: int) -> list[str]:
         """The newest ``lines`` lines of the container's log (stdout and stderr), oldest first."""
+        ...
+
+    def reconfigure(self, overrides: Mapping[str, Any], timeout_s: float) -> ContainerState:
+        """Recreate the container with the serving ``overrides`` (``shared.domain.serving_overrides``) applied to
+        the vllm argv it was planned with, everything else (image, entrypoint, env, labels, mounts, devices,
+        network, restart policy) as it is; ``{}`` gives back exactly the planned argv. Stops the running one
+        (SIGTERM, SIGKILL after ``timeout_s``) first; returns the state after the start (the engine may still be
+        loading). Nothing is done when it already runs with that argv."""
         ...
 
 

@@ -11,8 +11,10 @@ only way in). ``--device`` paths must exist on the VM, as the engine checks; ``P
 * ``POST /images/create?fromImage=&tag=`` (pull): known image references only (:class:`ImageStore`);
 * ``POST /containers/create?name=`` (409 on a taken name), ``POST /containers/{id}/start``,
   ``POST /containers/{id}/wait`` (blocks until the process exits; ``{"StatusCode"}``),
-  ``POST /containers/{id}/restart?t=``, ``DELETE /containers/{id}?force=1``;
-* ``GET /containers/{id}/json`` (``State``, ``RestartCount``, ``Config.Labels``, ``Config.Image``) and
+  ``POST /containers/{id}/restart?t=``, ``POST /containers/{id}/stop?t=`` (304 when not running),
+  ``DELETE /containers/{id}?force=1``;
+* ``GET /containers/{id}/json`` (``State``, ``RestartCount``; ``Config`` and ``HostConfig`` as create got them,
+  with Docker's own ``Config.Hostname``, so a body built from an inspect creates the same container again) and
   ``GET /containers/{id}/logs`` (multiplexed frames on stream 2, ``tail``, ``timestamps``, ``since``; each line is
   stamped when the runtime first sees it, see :mod:`log_times`).
 
@@ -121,11 +123,15 @@ class ContainerSpec:
     devices: tuple[str, ...] = ()  # PathOnHost of each device: checked to exist; the container process sees /dev
     pid_mode: str = ""  # "host": the VM's process ids (the twin's containers always share them; shown in inspect)
     cap_add: tuple[str, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict)  # the create body but HostConfig, as given (inspect)
+    host_config: Mapping[str, Any] = field(default_factory=dict)  # its HostConfig as given (inspect)
 
     @classmethod
     def from_create(cls, name: str, body: Mapping[str, Any]) -> ContainerSpec:
         host = body.get("HostConfig") or {}
         return cls(
+            config={key: value for key, value in body.items() if key != "HostConfig"},
+            host_config=dict(host),
             name=name,
             image=str(body.get("Image") or ""),
             entrypoint=tuple(body.get("Entrypoint") or ()),
@@ -191,15 +197,27 @@ class Container:
                 "StartedAt": docker_time(self.started_at) if self.started_at else "0001-01-01T00:00:00Z",
                 "FinishedAt": docker_time(self.finished_at) if self.finished_at else "0001-01-01T00:00:00Z",
             },
-            "Config": {"Tty": False, "Image": self.spec.image, "Labels": dict(self.spec.labels)},
-            "HostConfig": {
-                "RestartPolicy": {"Name": self.spec.restart_policy},
+            "Config": {
+                "Hostname": self.id[:12],
+                **self.spec.config,
+                "Tty": False,
+                "Image": self.spec.image,
+                "Labels": dict(self.spec.labels),
+                "Entrypoint": list(self.spec.entrypoint) or None,
+                "Cmd": list(self.spec.cmd) or None,
+                "Env": list(self.spec.env),
+            },
+            "HostConfig": {  # Docker's defaults for what create left out, then what it gave, as given
+                "Binds": list(self.spec.binds),
                 "AutoRemove": self.spec.auto_remove,
                 "NetworkMode": self.spec.network_mode,
                 "Privileged": self.spec.privileged,
                 "Devices": [{"PathOnHost": path, "PathInContainer": path} for path in self.spec.devices],
                 "PidMode": self.spec.pid_mode,
                 "CapAdd": list(self.spec.cap_add),
+                **self.spec.host_config,
+                "RestartPolicy": {"MaximumRetryCount": 0, **(self.spec.host_config.get("RestartPolicy") or {})}
+                | {"Name": self.spec.restart_policy},
             },
         }
 
@@ -259,6 +277,18 @@ class ContainerRuntime:
             container.stopped_by_user = False
             self._spawn(container)
         threading.Thread(target=self._watch, args=(container,), name=f"watch-{name}", daemon=True).start()
+
+    def stop(self, name: str, timeout_s: float) -> bool:
+        """Stop the process (SIGTERM, SIGKILL after ``timeout_s``) for good; False when it was not running."""
+        container = self.get(name)
+        with self._lock:
+            if container.status not in ("running", "restarting"):
+                return False
+            container.stopped_by_user = True
+            self._stop_process(container, timeout_s)
+            container.status, container.finished_at = "exited", self._now()
+            container.exited.set()
+        return True
 
     def remove(self, name: str, *, force: bool) -> None:
         container = self.get(name)
@@ -433,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(body, bytes):
             self._send(code, body, None)
         else:
-            self._send(code, b"" if code == 204 else json.dumps(body).encode(), "application/json")
+            self._send(code, b"" if code in (204, 304) else json.dumps(body).encode(), "application/json")
 
     def _route(self, method: str, path: str, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
         runtime = self.server.runtime
@@ -468,6 +498,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 204, {}
         if method == "POST" and action == "wait":
             return 200, {"StatusCode": runtime.wait(name)}
+        if method == "POST" and action == "stop":
+            return (204 if runtime.stop(name, float(query.get("t", "10"))) else 304), {}
         if method == "POST" and action == "restart":
             runtime.restart(name, float(query.get("t", "10")))
             return 204, {}
@@ -478,10 +510,10 @@ class _Handler(BaseHTTPRequestHandler):
         if content_type:
             self.send_header("Content-Type", content_type)
         self.send_header("Api-Version", "1.43")
-        if code != 204:
+        if code not in (204, 304):  # no body, as HTTP has it for these
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if body and code != 204:
+        if body and code not in (204, 304):
             self.wfile.write(body)
 
 

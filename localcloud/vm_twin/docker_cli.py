@@ -158,6 +158,7 @@ def _run(args: Sequence[str]) -> int:
             "CapDrop": options["cap_drop"],
             "CapAdd": options["cap_add"],
             "PidMode": options.get("pid_mode", ""),
+            "ShmSize": _size(options["shm_size"]) if options.get("shm_size") else 0,
             # An attached --rm run is removed by this command once its output is shown (as the CLI's attach
             # streams it before the engine removes the container); a detached one by the engine.
             "AutoRemove": bool(options.get("rm")) and bool(options.get("detach")),
@@ -187,6 +188,14 @@ def _device(flag: str) -> dict[str, str]:
         "PathInContainer": parts[1] if len(parts) > 1 and parts[1] else parts[0],
         "CgroupPermissions": parts[2] if len(parts) > 2 else "rwm",
     }
+
+
+def _size(flag: str) -> int:
+    """``--shm-size 16g`` in bytes (the CLI's binary units: b, k, m, g)."""
+    match = re.fullmatch(r"(\d+)([bkmg]?)b?", flag.strip().lower())
+    if match is None:
+        raise DockerError(f'invalid argument {flag!r} for "--shm-size" flag')
+    return int(match.group(1)) * 1024 ** "bkmg".index(match.group(2) or "b")
 
 
 def _ulimit(flag: str) -> dict[str, Any]:

@@ -15,7 +15,9 @@ import os
 import subprocess
 import sys
 
-# Flags with a value that a CPU build cannot honour (sharding, HBM share, TPU block sizes, TPU quantisation).
+# Flags with a value that a CPU build cannot honour (sharding, HBM share, TPU block sizes, TPU quantisation). The
+# batch knobs (--max-num-seqs, --max-num-batched-tokens) and prefix caching pass through: vLLM on CPU honours them,
+# so an auto-tune's trials change what the twin's engine does (issue 22).
 _DROPPED = frozenset(
     {
         "--tensor-parallel-size",
@@ -23,8 +25,6 @@ _DROPPED = frozenset(
         "--block-size",
         "--quantization",
         "--kv-cache-dtype",
-        "--max-num-batched-tokens",
-        "--max-num-seqs",
         "--revision",
     }
 )

@@ -6,7 +6,10 @@ the stored comparison agree; other result shapes are read by ``shared.domain.ben
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from pydantic import ValidationError
 
 from mcp_client_gateway import bounds
 from mcp_client_gateway.capabilities.checks import check_benchmark, optional
@@ -14,6 +17,8 @@ from mcp_client_gateway.capabilities.common import SERVING_PHASES, CommandPublis
 from mcp_client_gateway.errors import GatewayError
 from mcp_client_gateway.log_hygiene import clean_text
 from mcp_client_gateway.models import BenchmarkComparison, BenchmarkRow, BenchmarkView, CommandAccepted
+from mcp_client_gateway.tune_views import preset_view, tune_view
+from shared.domain.autotune import VerifiedPreset
 from shared.domain.benchmark_headline import (
     best_run_per_metric,
     headline_change_pct,
@@ -22,8 +27,9 @@ from shared.domain.benchmark_headline import (
 )
 from shared.domain.models import MODEL_PRESET_NAMES, BenchmarkRun
 from shared.domain.throughput_bound import bound_summary
+from shared.ports import StateStore
 
-__all__ = ["Benchmarks", "headline_metrics", "throughput_bound_line"]
+__all__ = ["Benchmarks", "headline_metrics", "preset_serving", "throughput_bound_line"]
 
 
 def headline_metrics(result: dict[str, Any] | None) -> dict[str, float]:
@@ -70,6 +76,7 @@ class Benchmarks:
         deployment_id = bounds.deployment_id(deployment_id)
         if benchmark is not None:
             check_benchmark(benchmark)
+            _check_tune(benchmark)
         command_id = self.publisher.command_id(command_id)
         duplicate = self.publisher.duplicate(command_id, "benchmark.run", deployment_id)
         if duplicate is not None:
@@ -86,10 +93,12 @@ class Benchmarks:
                 f"'{deployment_id}' is not serving (phase {record.status.phase.value})",
                 f"benchmark once tpu_status(deployment_id='{deployment_id}') shows SERVING",
             )
+        tune = message.benchmark.tune_trials
         return self.publisher.publish(
             message,
             f"The command_id is the run id: follow it with tpu_observe(show='benchmarks', "
-            f"command_id='{message.command_id}').",
+            f"command_id='{message.command_id}')."
+            + (f" A tune of {tune} trials recreates the engine for each (minutes each on a TPU)." if tune else ""),
         )
 
     def get_benchmark(self, run_id: str) -> BenchmarkView:
@@ -134,6 +143,8 @@ class Benchmarks:
             headline=headline,
             previous=_benchmark_row(previous) if previous else None,
             change_pct=change,
+            tune=tune_view(run.result),
+            preset=preset_view(run.result),
         )
 
     def compare_benchmarks(
@@ -151,6 +162,22 @@ class Benchmarks:
         rows = rows[:limit]
         best = best_run_per_metric((row.run_id, row.metrics) for row in rows)
         return BenchmarkComparison(rows=rows, best=best)
+
+
+def _check_tune(benchmark: Mapping[str, Any]) -> None:
+    """A tune's trials and SLO, refused in words before the wire model (0 or none: a plain run)."""
+    trials = benchmark.get("tune_trials")
+    if not trials:
+        return
+    fix = "give the trials in all, the baseline included: 2 (the baseline and one trial) to 12"
+    bounds.integer("tune_trials", trials, bounds.TUNE_TRIALS, fix=fix)
+    if benchmark.get("slo_ttft_ms") is None and benchmark.get("slo_tpot_ms") is None:
+        raise GatewayError(
+            "invalid_argument",
+            "slo_ttft_ms",
+            "a tune needs an SLO to judge its trials by (each trial's max request rate at it)",
+            "add slo_ttft_ms='500' and/or slo_tpot_ms='50' (milliseconds)",
+        )
 
 
 def _benchmark_row(run: BenchmarkRun) -> BenchmarkRow:
@@ -173,3 +200,55 @@ def _benchmark_row(run: BenchmarkRun) -> BenchmarkRow:
         tier=text("tier"),
         metrics=headline_metrics(run.result),
     )
+
+
+_TUNE_IT = "tune it first: tpu_benchmark(deployment_id=ID, tune_trials='4', slo_ttft_ms='500') on a deployment of it"
+
+
+def preset_serving(
+    store: StateStore, run_id: Any, model: str, accelerator: str, serving: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A create's serving options with the verified preset of tune run ``run_id`` in them (its flag values and
+    ``preset``: the run id). Refused naming ``preset`` unless the run is a completed tune that kept a preset for
+    the same model and slice; a serving option also given with another value than the preset's is refused by name.
+    """
+    run_id = bounds.command_id(run_id, "preset", fix="pass the command_id of a completed tune (tpu_benchmark)")
+    run = store.get_benchmark_run(run_id)
+    if run is None:
+        raise GatewayError(
+            "not_found", "preset", f"no tune run '{run_id}'", "list runs with tpu_observe(show='benchmarks')"
+        )
+    stored = (run.result or {}).get("preset")
+    if run.status != "completed" or stored is None:
+        why = "kept no verified preset (not a tune, or no trial met the SLO)"
+        raise GatewayError(
+            "failed_precondition",
+            "preset",
+            f"run {run_id} {why if run.status == 'completed' else 'is ' + run.status}",
+            f"pass a tune run that kept a preset, or {_TUNE_IT}",
+        )
+    try:
+        preset = VerifiedPreset.model_validate(stored)
+    except ValidationError:  # stored by another version of the controller, with flags no longer tunable
+        raise GatewayError(
+            "failed_precondition", "preset", f"run {run_id}'s preset is not one this version can use", _TUNE_IT
+        ) from None
+    for field, wanted in (("model", model), ("accelerator", accelerator)):
+        verified = getattr(preset, field)
+        if verified != wanted:
+            raise GatewayError(
+                "invalid_argument",
+                "preset",
+                f"run {run_id} was verified for {field} {verified}, not {wanted}",
+                f"deploy {field} {verified} with it, or {_TUNE_IT} on {wanted}",
+            )
+    for name, value in preset.overrides.items():
+        given = serving.get(name)
+        if given is not None and given != value:
+            raise GatewayError(
+                "invalid_argument",
+                name,
+                f"is {given} but preset {run_id} verified {value}",
+                f"leave {name} out to serve with the preset's value, or leave preset out",
+            )
+    return {**serving, **preset.serving_values()}

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from mcp_client_gateway import bounds
+from mcp_client_gateway.capabilities.benchmarks import preset_serving
 from mcp_client_gateway.capabilities.checks import (
     DESTRUCTIVE,
     KV_CACHE_DTYPES,
@@ -107,11 +108,12 @@ class Deployments:
         book_calendar: bool = False,
         confirm: str | None = None,
         prewarm: bool = False,
+        preset: str | None = None,
     ) -> CommandAccepted:
         """Validate a deployment spec, check it can work, and publish ``deployment.create``; with ``book_calendar``
         only once ``confirm`` is a token for booking exactly the window the plan quotes (``capabilities.calendar``);
         with ``prewarm`` a builder that fills the compile cache and ends (``shared.domain.prewarm``; its TTL a
-        backstop, ``PREWARM_TTL_HOURS`` unless given)."""
+        backstop, ``PREWARM_TTL_HOURS`` unless given); with ``preset`` a tune's verified flags (``_serving``)."""
         deployment_id = bounds.deployment_id(deployment_id)
         model, accelerator, zones, tiers = slice_arguments(model, accelerator, zones, tiers)
         alternatives = checked_alternatives(accelerator, alternative_accelerators)
@@ -119,9 +121,8 @@ class Deployments:
         ttl_hours = optional(bounds.number, "ttl_hours", ttl_hours, bounds.TTL_HOURS, low_open=True)
         budget_usd = optional(bounds.number, "budget_usd", budget_usd, bounds.BUDGET_USD, low_open=True)
         idle_minutes = optional(bounds.integer, "idle_minutes", idle_minutes, bounds.IDLE_MINUTES)
-        max_model_len = optional(bounds.integer, "max_model_len", max_model_len, bounds.MAX_MODEL_LEN)
-        kv_cache_dtype = optional(bounds.choice, "kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
-        dtype = optional(bounds.choice, "dtype", dtype, WEIGHT_DTYPES)
+        given = {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype, "dtype": dtype}
+        serving = self._serving(given, preset, (model, accelerator), alternatives)
         if bounds.flag("prewarm", prewarm) and ttl_hours is None:
             ttl_hours = PREWARM_TTL_HOURS
         valid_until_minutes = optional(
@@ -142,7 +143,7 @@ class Deployments:
                 "alternative_accelerators": list(alternatives) or None,
                 "prewarm": prewarm or None,
             },
-            {"max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype, "dtype": dtype},
+            serving,
             self.ports.settings.boot_budget_s,
         )
         command_id = self.publisher.command_id(command_id)
@@ -202,6 +203,28 @@ class Deployments:
                     f"{zone}'s region has no cache bucket for a prewarm to fill",
                     f"prewarm only in zones of regions with a cache ({', '.join(with_cache)})",
                 )
+
+    def _serving(
+        self, given: dict[str, Any], preset: str | None, slice_of: tuple[str, str], alternatives: Sequence[str]
+    ) -> dict[str, Any]:
+        """The serving options given, checked, with the verified preset of a tune run in them when ``preset`` names
+        one: the same model and slice (``slice_of``) only (``benchmarks.preset_serving``)."""
+        serving = {
+            "max_model_len": optional(bounds.integer, "max_model_len", given["max_model_len"], bounds.MAX_MODEL_LEN),
+            "kv_cache_dtype": optional(bounds.choice, "kv_cache_dtype", given["kv_cache_dtype"], KV_CACHE_DTYPES),
+            "dtype": optional(bounds.choice, "dtype", given["dtype"], WEIGHT_DTYPES),
+        }
+        if preset is None:
+            return serving
+        model, accelerator = slice_of
+        if alternatives:
+            raise GatewayError(
+                "invalid_argument",
+                "alternative_accelerators",
+                f"a preset is verified on one slice ({accelerator}), not on alternatives",
+                "leave alternative_accelerators out to deploy with the preset",
+            )
+        return preset_serving(self.ports.store, preset, model, accelerator, serving)
 
     def _check_can_create(self, deployment_id: str, model: str, accelerator: str, spec: Any) -> None:
         """Refuse a create whose id is taken or whose model does not fit the slice."""

@@ -30,6 +30,14 @@ WorkloadArg = Annotated[
 PrefixLenArg = Annotated[int | None, Field(description="shared_prefix: tokens, under input_len.", ge=1, le=131071)]
 PrefixShareArg = Annotated[float | None, Field(description="shared_prefix: share of requests.", ge=0, le=1)]
 TurnsArg = Annotated[int | None, Field(description="multi_turn: turns.", ge=bounds.TURNS[0], le=bounds.TURNS[1])]
+TuneTrialsArg = Annotated[
+    int | None,
+    Field(
+        description="N>=2: auto-tune serving flags, N trials; needs an SLO.",
+        ge=bounds.TUNE_TRIALS[0],
+        le=bounds.TUNE_TRIALS[1],
+    ),
+]
 
 
 def _settings(optional: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +79,7 @@ def register(tools: ToolSet) -> None:
         prefix_len: PrefixLenArg = None,
         prefix_share: PrefixShareArg = None,
         turns: TurnsArg = None,
+        tune_trials: TuneTrialsArg = None,
         command_id: CommandIdArg = None,
     ) -> Annotated[CallToolResult, CommandAccepted]:
         """Benchmark a SERVING deployment from its VM: latency percentiles, tok/s, goodput at the SLOs, prefix
@@ -85,6 +94,6 @@ def register(tools: ToolSet) -> None:
         }
         workload_fields = {"workload": workload, "prefix_len": prefix_len, "prefix_share": prefix_share}
         optional = {"request_rate": request_rate or None, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
-        benchmark.update(_settings({**optional, **workload_fields, "turns": turns}))
+        benchmark.update(_settings({**optional, **workload_fields, "turns": turns, "tune_trials": tune_trials}))
         accepted = await run(lambda: core.run_benchmark(deployment_id, benchmark=benchmark, command_id=command_id))
         return tool_result(accepted, accepted_summary(accepted))

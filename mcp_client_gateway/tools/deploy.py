@@ -23,6 +23,7 @@ from mcp_client_gateway.core import GatewayCore, GatewayError
 from mcp_client_gateway.models import CommandAccepted, UpdateAccepted
 from mcp_client_gateway.strict_tools import GatewayToolError
 from mcp_client_gateway.tools.common import (
+    UUID_PATTERN,
     AcceleratorChoice,
     AlternativeAcceleratorsArg,
     CommandIdArg,
@@ -48,8 +49,8 @@ __all__ = ["register"]
 
 Action = Literal["create", "update", "prewarm"]
 DEFAULT_ACCELERATOR = "v6e-4"
-_SPEC = ("model", "accelerator", "alternative_accelerators", *UPDATABLE)  # what create and prewarm take
-_CREATE_ONLY = ("model", "alternative_accelerators", "book_calendar")
+_SPEC = ("model", "accelerator", "alternative_accelerators", *UPDATABLE, "preset")  # what create and prewarm take
+_CREATE_ONLY = ("model", "alternative_accelerators", "book_calendar", "preset")
 
 
 def _fields(arguments: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -127,6 +128,7 @@ def _resolvers(core: GatewayCore) -> tuple[Callable[..., Any], Callable[..., Any
         dtype: str | None = None,
         book_calendar: bool = False,
         clear: list[str] | None = None,
+        preset: str | None = None,
     ) -> ConfirmationRequest | None:
         if not supports_elicitation(ctx):
             return None
@@ -185,6 +187,9 @@ def register(tools: ToolSet) -> None:
         kv_cache_dtype: KvCacheDtypeArg = None,
         dtype: WeightDtypeArg = None,
         book_calendar: Annotated[bool, Field(description="Book the plan's calendar window; paid whole.")] = False,
+        preset: Annotated[
+            str | None, Field(description="A tune run's id: its verified flags.", pattern=UUID_PATTERN)
+        ] = None,
         clear: Annotated[
             list[Literal["ttl_hours", "budget_usd", "idle_minutes", "max_model_len"]] | None,
             Field(description="update: fields to unset.", max_length=len(CLEARABLE)),

@@ -126,8 +126,17 @@ async def _benchmarks(core: GatewayCore, run_id: str | None, deployment_id: str 
     figures = ", ".join(f"{k} {v:g}" for k, v in list(view.headline.items())[:4]) or "no figures yet"
     bound = throughput_bound_line(view.result)
     cost = " ".join(economics_lines((view.result or {}).get("economics"))[1:])  # the cheapest level, at the SLO
-    summary = f"Run {run_id} {view.status}: {figures}." + (f" {bound}." if bound else "")
-    return tool_result(view, summary + (f" {cost}" if cost else ""))
+    summary = f"Run {run_id} {view.status}" + (f": {figures}." if view.headline or view.tune is None else ".")
+    summary += f" {bound}." if bound else ""
+    return tool_result(view, summary + (f" {cost}" if cost else "") + _tuned(view))
+
+
+def _tuned(view: BenchmarkView) -> str:
+    """A tune's outcome: the baseline's and the best trial's max rate at the SLO, and how to reuse the preset."""
+    if view.tune is None:
+        return ""
+    reuse = f" Deploy with it: tpu_deploy(preset='{view.preset.run_id}')." if view.preset else ""
+    return f" tuned: {view.tune.text} ({len(view.tune.trials)} trials).{reuse}"
 
 
 def bundle_summary(view: DebugBundleView) -> str:

@@ -12,6 +12,15 @@ vLLM image, which has neither; httpx speaks HTTP over the mounted ``/var/run/doc
   :class:`LogStreamDecoder` looks at the first header instead. ``since=S`` (whole UNIX seconds, as the API
   documents it) reads forward for the log shipper, which drops the lines of that second before its own time.
 
+``reconfigure`` (an auto-tune trial, issue 22 item 5) recreates the container from its own inspect: ``Config`` as it
+is (image, entrypoint, env, labels, ...; the old ``Hostname`` dropped) and ``HostConfig`` as it is (mounts, devices,
+``--net=none``, restart policy, shm, ulimits), with only the vllm words of ``Cmd`` changed
+(``shared.domain.serving_overrides.apply_to_argv``): ``POST /containers/{name}/stop?t=N`` (304 when already
+stopped), ``DELETE /containers/{name}?force=1``, ``POST /containers/create?name=`` and ``POST .../start``. The
+first reconfigure keeps the startup script's ``Cmd`` in the label ``tpuctl.planned-cmd`` (JSON) and the overrides in
+``tpuctl.serving-overrides``; ``{}`` creates it with that ``Cmd`` again and without either label, so the container
+is once more exactly what the script made. If the new config cannot be created, the old one is created again.
+
 The VM twin's container runtime serves the same subset (``localcloud.vm_twin.containers``), so the node agent
 has one code path on a TPU VM and on a laptop. Errors are classified once, here: no such container, no socket,
 no permission and bad requests are ``PermanentError``; a refused connection (engine down), timeouts and 5xx
@@ -20,8 +29,10 @@ are ``TransientError``.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -29,10 +40,18 @@ from urllib.parse import quote
 
 import httpx
 
-from shared.domain.errors import PermanentError, TransientError
+from shared.domain.errors import ControllerError, InvalidMessage, PermanentError, TransientError
+from shared.domain.serving_overrides import apply_to_argv, check_overrides
 from shared.ports import ContainerLogLine, ContainerState
 
-__all__ = ["DockerEngineContainer", "LogStreamDecoder", "parse_docker_time", "split_stamp"]
+__all__ = [
+    "OVERRIDES_LABEL",
+    "PLANNED_CMD_LABEL",
+    "DockerEngineContainer",
+    "LogStreamDecoder",
+    "parse_docker_time",
+    "split_stamp",
+]
 
 _HEADER = struct.Struct(">BxxxL")
 _STREAM_TYPES = frozenset({0, 1, 2})
@@ -42,6 +61,10 @@ _STAMPED = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-
 _MAX_TAIL = 10_000
 _START_ALLOWANCE_S = 60.0  # a restart answers once the new process started; give the start this long
 MULTIPLEXED_CONTENT_TYPE = "application/vnd.docker.multiplexed-stream"
+PLANNED_CMD_LABEL = "tpuctl.planned-cmd"
+"""The startup script's ``Cmd`` (JSON), kept by the first reconfigure so ``{}`` can give it back."""
+OVERRIDES_LABEL = "tpuctl.serving-overrides"
+"""The serving overrides (JSON) a reconfigured container runs with; absent when it runs the planned argv."""
 
 
 def parse_docker_time(text: str) -> datetime | None:
@@ -174,19 +197,91 @@ class DockerEngineContainer:
         self._client.close()
 
     def inspect(self) -> ContainerState:
-        body = self._json("GET", f"{self._path}/json", "inspect")
+        return self._state(self._json("GET", f"{self._path}/json", "inspect"))
+
+    def _state(self, body: Mapping[str, Any], *, strict: bool = False) -> ContainerState:
+        """The state an inspect body tells; a malformed tune label is read as absent unless ``strict`` (a
+        reconfigure), so a restart or a tail never fails on it."""
         state = body.get("State") or {}
+        config = body.get("Config") or {}
+        labels = config.get("Labels") or {}
         try:
             started = parse_docker_time(str(state.get("StartedAt") or ""))
         except ValueError as exc:
             raise TransientError(f"docker inspect {self.container}: {exc}") from None
         pid = state.get("Pid")
+        command = tuple(str(word) for word in config.get("Cmd") or ())
+        planned = self._label_json(labels, PLANNED_CMD_LABEL, list, strict)
+        overrides = self._label_json(labels, OVERRIDES_LABEL, dict, strict)
+        try:
+            overrides = check_overrides(overrides, OVERRIDES_LABEL) if overrides is not None else {}
+        except InvalidMessage:
+            if strict:
+                raise
+            overrides = {}
         return ContainerState(
             name=self.container,
             status=str(state.get("Status") or "unknown"),
             started_at=started,
             pid=int(pid) if isinstance(pid, int) and pid > 0 else None,
+            image=str(config["Image"]) if config.get("Image") else None,
+            command=command,
+            planned_command=tuple(planned) if planned is not None else command,
+            overrides=overrides,
         )
+
+    def _label_json(self, labels: Mapping[str, Any], name: str, kind: type, strict: bool) -> Any:
+        if name not in labels:
+            return None
+        try:
+            value: Any = json.loads(str(labels[name]))
+        except ValueError:
+            value = None
+        if not isinstance(value, kind) or (isinstance(value, list) and not all(isinstance(w, str) for w in value)):
+            if not strict:
+                return None
+            raise PermanentError(
+                f"docker inspect {self.container}: the label {name} is not a JSON {kind.__name__}; recreate the "
+                "container from the startup script (sudo google_metadata_script_runner startup)"
+            )
+        return value
+
+    def reconfigure(self, overrides: Mapping[str, Any], timeout_s: float) -> ContainerState:
+        if not 0 <= timeout_s <= 3600:
+            raise ValueError(f"timeout_s: {timeout_s!r} must be 0-3600 seconds")
+        wanted = check_overrides(overrides)
+        body = self._json("GET", f"{self._path}/json", "inspect")
+        current = self._state(body, strict=True)
+        planned = list(current.planned_command)
+        command = apply_to_argv(planned, wanted) if wanted else planned
+        if current.status == "running" and command == list(current.command) and dict(current.overrides) == wanted:
+            return current
+        config = {key: value for key, value in (body.get("Config") or {}).items() if key != "Hostname"}
+        labels = {
+            key: value
+            for key, value in (config.get("Labels") or {}).items()
+            if key not in (PLANNED_CMD_LABEL, OVERRIDES_LABEL)
+        }
+        if wanted:
+            labels[PLANNED_CMD_LABEL] = json.dumps(planned)
+            labels[OVERRIDES_LABEL] = json.dumps(wanted, sort_keys=True)
+        before = {**config, "HostConfig": body.get("HostConfig") or {}}
+        wait = int(timeout_s)
+        self._request(
+            "POST", f"{self._path}/stop", "stop", params={"t": str(wait)}, timeout=self.timeout_s + wait, ok=(304,)
+        )
+        self._request("DELETE", self._path, "remove", params={"force": "1"})
+        try:
+            self._create({**before, "Cmd": command, "Labels": labels})
+        except ControllerError:
+            self._create(before)  # what ran before, so a refused config never leaves the node without its engine
+            self._request("POST", f"{self._path}/start", "start", timeout=self.timeout_s + _START_ALLOWANCE_S)
+            raise
+        self._request("POST", f"{self._path}/start", "start", timeout=self.timeout_s + _START_ALLOWANCE_S)
+        return self.inspect()
+
+    def _create(self, config: Mapping[str, Any]) -> None:
+        self._request("POST", "/containers/create", "create", params={"name": self.container}, body=config)
 
     def restart(self, timeout_s: float) -> ContainerState:
         if not 0 <= timeout_s <= 3600:
@@ -250,13 +345,25 @@ class DockerEngineContainer:
         return body
 
     def _request(
-        self, method: str, path: str, action: str, *, params: dict[str, str] | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        action: str,
+        *,
+        params: dict[str, str] | None = None,
+        timeout: float | None = None,
+        body: Mapping[str, Any] | None = None,
+        ok: tuple[int, ...] = (),
     ) -> httpx.Response:
         with self._call(action):
             response = self._client.request(
-                method, path, params=params, timeout=timeout if timeout is not None else self.timeout_s
+                method,
+                path,
+                params=params,
+                json=dict(body) if body is not None else None,
+                timeout=timeout if timeout is not None else self.timeout_s,
             )
-        if response.status_code >= 300:
+        if response.status_code >= 300 and response.status_code not in ok:
             self._raise_for(response, action)
         return response
 
@@ -273,7 +380,7 @@ class DockerEngineContainer:
             message = response.text[:300]
         code = response.status_code
         text = f"docker {action} {self.container}: HTTP {code}: {message or response.reason_phrase}"
-        if code == 404:
+        if code == 404 and action != "create":  # create's 404 is a missing image
             raise PermanentError(
                 f"node_container: no container named {self.container!r} on this node ({message or 'not found'}); "
                 "check TPUCTL_NODE_CONTAINER against the startup script's container name"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "SEARCH_FIGURES",
     "ProbeFigures",
     "ProbeVerdict",
     "RateSearch",
@@ -40,6 +41,22 @@ __all__ = [
 
 SATURATION_SHARE = 0.95
 SLO_ATTAINMENT = 0.9
+
+
+SEARCH_FIGURES = (
+    "offered_rate",
+    "achieved_rate",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "output_goodput",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "mean_tpot_ms",
+    "p90_itl_ms",
+    "slo_attainment",
+)
+"""The figures every row of a search carries (as estimates over its repeats)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,7 @@ class EngineConfig:
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     multimodal: bool = False
+    prefix_caching: bool | None = None  # None: vLLM's default (no flag); True/False: said on the command line
     fp8_env: tuple[tuple[str, str], ...] = ()  # container env added only when weights are fp8
     image: str = DEFAULT_IMAGE
     host: str = "127.0.0.1"
@@ -167,6 +168,8 @@ def build_launch(engine: EngineConfig) -> VllmLaunch:
         argv += ["--quantization", "fp8"]
     if engine.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", engine.kv_cache_dtype]
+    if engine.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
     if engine.tool_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_parser]
     if engine.reasoning_parser:

@@ -19,6 +19,7 @@ __all__ = [
     "ACCELERATOR_TYPES",
     "FINDING_LOG_KIND",
     "MODEL_PRESET_NAMES",
+    "RUN_ID_PATTERN",
     "AcceleratorType",
     "AttemptLog",
     "Backend",
@@ -59,6 +60,9 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 # Short enough that "{id}-g{generation}-a{attempt}" still fits TPU resource names (63 chars).
 DEPLOYMENT_ID_PATTERN = r"^[a-z][-a-z0-9]{0,38}[a-z0-9]$"
 ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]{1,8}$"
+
+RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+"""A benchmark run's id: its command's id, a lower-case UUID (``shared.messages.contracts.UUID_PATTERN``)."""
 
 DeploymentId = Annotated[str, StringConstraints(pattern=DEPLOYMENT_ID_PATTERN)]
 Zone = Annotated[str, StringConstraints(pattern=ZONE_PATTERN, max_length=40)]
@@ -199,7 +203,11 @@ class NodeState(StrEnum):
 
 
 class ServingOptions(BaseModel):
-    """The vLLM knobs a user may set: structured values only, never a raw argument string."""
+    """The vLLM knobs a user may set: structured values only, never a raw argument string. None: the plan's choice.
+
+    The batching and caching knobs are the ones an auto-tune varies (``shared.domain.serving_overrides.TUNABLE``);
+    ``preset`` names the tune run whose verified values they are (``shared.domain.autotune.VerifiedPreset``).
+    """
 
     model_config = _STRICT
 
@@ -208,6 +216,16 @@ class ServingOptions(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description="KV cache element type.")
     gpu_memory_utilization: float = Field(default=0.90, ge=0.5, le=0.98, description="Share of HBM vLLM may use.")
     dtype: Literal["bfloat16", "fp8"] = Field(default="bfloat16", description="Weight dtype.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=64, le=131072, description="Tokens one engine step may schedule (the prefill chunk)."
+    )
+    block_size: Literal[16, 32, 64, 128] | None = Field(default=None, description="Tokens per KV-cache block.")
+    prefix_caching: bool | None = Field(
+        default=None, strict=True, description="vLLM's automatic prefix caching on or off."
+    )
+    preset: str | None = Field(
+        default=None, pattern=RUN_ID_PATTERN, description="The tune run (its id) these values were verified by."
+    )
 
 
 class HealthThresholds(BaseModel):

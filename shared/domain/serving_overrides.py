@@ -9,6 +9,7 @@ batches and caches are tunable; nothing that changes what is served (model, revi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ TUNABLE: dict[str, tuple[str, str, tuple[Any, ...]]] = {
     "prefix_caching": ("--enable-prefix-caching", "bool", ()),
 }
 _NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+_NAME = re.compile(r"[A-Za-z0-9_]{1,40}")  # what a refusal may echo of an unknown name (it may come from a VM)
 
 
 def check_overrides(overrides: Mapping[str, Any], field: str = "overrides") -> dict[str, Any]:
@@ -36,15 +38,16 @@ def check_overrides(overrides: Mapping[str, Any], field: str = "overrides") -> d
     checked: dict[str, Any] = {}
     for name, value in overrides.items():
         if name not in TUNABLE:
-            raise InvalidMessage(f"{field}.{str(name)[:40]}", "is not a tunable flag", f"use {', '.join(TUNABLE)}")
+            shown = name if isinstance(name, str) and _NAME.fullmatch(name) else "<not a flag name>"
+            raise InvalidMessage(f"{field}.{shown}", "is not a tunable flag", f"use {', '.join(TUNABLE)}")
         _flag, kind, allowed = TUNABLE[name]
         if kind == "int":
             good = isinstance(value, int) and not isinstance(value, bool) and allowed[0] <= value <= allowed[1]
             fix = f"a whole number from {allowed[0]} to {allowed[1]}"
         elif kind == "bool":
             good, fix = isinstance(value, bool), "true or false"
-        else:
-            good = value in allowed and not isinstance(value, bool)
+        else:  # a choice of one type: 32.0 is not the block size 32 (vLLM would not parse "32.0")
+            good = any(type(value) is type(choice) and value == choice for choice in allowed)
             fix = "one of " + ", ".join(str(choice) for choice in allowed)
         if not good:
             raise InvalidMessage(f"{field}.{name}", "is out of range", f"give {fix}")

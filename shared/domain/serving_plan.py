@@ -254,7 +254,7 @@ def build_serving_plan(
         )
     max_model_len = options.max_model_len or model.default_max_model_len
     max_num_seqs = options.max_num_seqs or model.default_max_num_seqs
-    batched = max(model.default_max_num_batched_tokens, model.min_batched_tokens)
+    batched = _batched_tokens(model, options, max_num_seqs)
 
     capacity = estimate_capacity(
         model,
@@ -265,6 +265,7 @@ def build_serving_plan(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=batched,
+        block_size=options.block_size,
         measured_weights_gib=measured_weights_gib,
     )
     smallest = None
@@ -275,6 +276,8 @@ def build_serving_plan(
     notes = list(capacity.notes)
     if model.revision is None:
         notes.append(f"{model.hub_id} is not pinned to a revision; the boot log records the snapshot downloaded")
+    if options.preset:
+        notes.append(f"serving flags from the verified preset of tune run {options.preset}")
     return ServingPlan(
         spec=spec,
         environment=environment,
@@ -290,6 +293,27 @@ def build_serving_plan(
         api_key_resource=secret_resource(environment.project, environment.api_key_secret, environment.secret_version),
         notes=tuple(notes),
     )
+
+
+def _batched_tokens(model: ModelPreset, options: ServingOptions, max_num_seqs: int) -> int:
+    """The spec's max_num_batched_tokens (e.g. a tuned preset's) or the model's default, refused where vLLM would
+    refuse it: below one token per sequence, or below the model's largest image (a multimodal model)."""
+    chosen = options.max_num_batched_tokens
+    if chosen is None:
+        return max(model.default_max_num_batched_tokens, model.min_batched_tokens)
+    if chosen < model.min_batched_tokens:
+        raise InvalidMessage(
+            "serving.max_num_batched_tokens",
+            f"{chosen} is below {model.name}'s largest image ({model.min_batched_tokens} tokens)",
+            f"give at least {model.min_batched_tokens}, or leave it unset for the plan's choice",
+        )
+    if chosen < max_num_seqs:
+        raise InvalidMessage(
+            "serving.max_num_batched_tokens",
+            f"{chosen} is below max_num_seqs {max_num_seqs} (vLLM schedules at least one token per sequence)",
+            f"give at least {max_num_seqs} or lower max_num_seqs",
+        )
+    return chosen
 
 
 def _smallest_fitting(
@@ -339,6 +363,7 @@ def _engine_config(
         tool_parser=model.tool_parser,
         reasoning_parser=model.reasoning_parser,
         multimodal=model.multimodal,
+        prefix_caching=options.prefix_caching,
         fp8_env=model.fp8_env,
         image=environment.image,
         host=environment.bind_host,

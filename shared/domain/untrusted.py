@@ -62,8 +62,9 @@ __all__ = [
 
 DROPPED_KEY = "fields_dropped"
 """Where stored node-reported data keeps how many fields cleaning dropped (absent when none)."""
-CONTROLLER_RESULT_KEYS = frozenset({"event_id", "comparison", "comparison_table", "economics"})
-"""Keys of a stored benchmark result that the controller writes itself (never taken from the node)."""
+CONTROLLER_RESULT_KEYS = frozenset({"event_id", "comparison", "comparison_table", "economics", "tune", "preset"})
+"""Keys of a stored benchmark result that the controller writes itself (never taken from the node; a tune's ``tune``
+is the node's section as ``shared.domain.autotune.check_tune_result`` checked and recomputed it)."""
 SYSTEM_TEXT_CHARS = 200
 """Bound of every text field of the node's system details."""
 
@@ -420,6 +421,7 @@ _REQUEST = Record(
         "prefix_len": _COUNT,
         "prefix_share": _SHARE,
         "turns": Number(low=1, high=1024, integer=True),
+        "tune_trials": Number(high=64, integer=True),
     }
 )
 BENCHMARK_REQUEST_KEYS = frozenset(_REQUEST.fields)

@@ -21,6 +21,11 @@ to ack; ``shared.entry`` maps the error families):
   completed run and with the best run of the same model on other slices, as JSON (``result["comparison"]``) and
   as a table (``result["comparison_table"]``).
   The same event twice is a no-op.
+  A tune (``tune_trials`` > 0, issue 22 item 5) answers the same way with a ``tune`` section: its trials are checked
+  by ``shared.domain.autotune.check_tune_result`` (closed flags, bounded numbers, the best trial and its gain
+  recomputed here, never taken from the VM) and stored as ``result["tune"]``, with the verified preset they yield
+  as ``result["preset"]`` (``preset_from``; none when no trial met the SLO), which ``tpu_deploy(preset=RUN_ID)``
+  reuses. A tune section that fails the check fails the run, naming the field, and keeps no preset.
 - ``node.booted`` (from the node agent): the node's name and its known system fields, cleaned and bounded, are
   kept on the deployment (``status.node_system``); unknown fields are dropped and counted.
 - ``benchmark.schedule``: one Scheduler job per deployment (``tpuctl-bench-<deployment>``) publishing a
@@ -37,15 +42,19 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from shared.domain.autotune import check_tune_result, preset_from
 from shared.domain.bench_economics import PriceLookup, benchmark_economics, economics_lines, table_price
 from shared.domain.benchmark_headline import sweep_headline
 from shared.domain.errors import CloudError, ConflictError, InvalidMessage, PermanentError, TransientError
 from shared.domain.models import BenchmarkRun, DeploymentRecord, Desired, Phase
+from shared.domain.serving_overrides import describe_overrides
 from shared.domain.serving_plan import ServingEnvironment, build_serving_plan
 from shared.domain.slice_ladder import served_spec
 from shared.domain.throughput_bound import FLOOR_LOW, TOLERANCE_HIGH, bound_summary, judge_throughput
@@ -71,6 +80,7 @@ __all__ = [
     "compare_runs",
     "delete_benchmark_jobs",
     "headline",
+    "keep_tune",
     "plan_summary",
     "throughput_check",
 ]
@@ -151,6 +161,7 @@ def plan_summary(record: DeploymentRecord, project: str) -> dict[str, Any]:
         topology=summary.get("topology"),
         image=summary.get("image"),
         plan_hash=summary.get("plan_hash"),
+        revision=summary.get("revision"),
         flags=argv[3:],
         env=summary.get("env", {}),
         max_model_len=_flag_value(argv, "--max-model-len"),
@@ -301,7 +312,9 @@ class Benchmarker:
                     "result; the result is not stored"
                 )
             late = f" (arrived after the run was marked failed: {run.error[:200]})"
-        result = clean_benchmark_result(event.result or {}, redact=_redact)
+        raw = dict(event.result or {})
+        raw_tune = raw.pop("tune", None)  # checked on its own below (check_tune_result), never cleaned as figures
+        result = clean_benchmark_result(raw, redact=_redact)
         plan = dict(run.plan)
         server = result.get("server")
         if isinstance(server, dict) and server.get("version"):
@@ -319,9 +332,13 @@ class Benchmarker:
             result["comparison"] = comparison
             result["comparison_table"] = comparison_table(stored, comparison)
         error = clean_text(event.error, _MAX_ERROR_CHARS, redact=_redact) if event.status == "failed" else ""
+        status = event.status
+        if status == "completed" and _tune_trials(run.request):
+            error = keep_tune(stored, raw_tune, result, now)
+            status = "failed" if error else status
         updated = stored.model_copy(
             update={
-                "status": event.status,
+                "status": status,
                 "result": result,
                 "error": (error + late).strip()[:_MAX_ERROR_CHARS],
                 "updated_at": now,
@@ -329,7 +346,9 @@ class Benchmarker:
         )
         self._store.update_benchmark_run(updated)
         verdict = ((result.get("comparison") or {}).get("previous") or {}).get("verdict")
-        return f"stored {event.status} run {event.run_id}" + (f"; vs previous: {verdict}" if verdict else "") + late
+        tuned = f"; {error}" if error and status != event.status else _preset_note(result)
+        note = (f"; vs previous: {verdict}" if verdict else "") + tuned
+        return f"stored {status} run {event.run_id}" + note + late
 
     # --- benchmark.schedule ------------------------------------------------------------------------------------
 
@@ -441,7 +460,67 @@ def _duration_bound(request: dict[str, Any]) -> float:
     duration = request.get("duration_s")
     levels = request.get("request_rate") if request.get("mode") == "rate" else request.get("concurrency")
     count = len(levels) if isinstance(levels, list) else 1
-    return float(duration) * count if isinstance(duration, int | float) else 0.0
+    bound = float(duration) * count if isinstance(duration, int | float) else 0.0
+    return bound + _tune_trials(request) * _TRIAL_ALLOWANCE_S
+
+
+# --- auto-tune ------------------------------------------------------------------------------------------------
+
+_TRIAL_ALLOWANCE_S = 1800.0
+"""What each trial of a tune adds to the run's answer deadline: its engine recreated (on a TPU a recompile of
+minutes) and a max-rate search of up to a dozen probes."""
+
+
+def _tune_trials(request: Mapping[str, Any]) -> int:
+    trials = request.get("tune_trials")
+    return trials if isinstance(trials, int) and not isinstance(trials, bool) else 0
+
+
+def keep_tune(run: BenchmarkRun, raw: Any, result: dict[str, Any], now: datetime) -> str:
+    """A completed tune's ``tune`` section as the (untrusted) VM reported it, checked by ``check_tune_result`` (the
+    best trial and its gain recomputed here, never taken from the VM) into ``result["tune"]``, and the verified
+    preset it yields (``preset_from``: None when no trial met the SLO) into ``result["preset"]``. Returns why the
+    section was refused ("" when kept); a refused tune fails its run and keeps no preset."""
+    if not isinstance(raw, Mapping):
+        return "tune: the node reported no tune section for this tune run; run the tune again"
+    try:
+        request = BenchmarkRequest.model_validate(run.request)
+        checked = check_tune_result(request, raw, redact=_redact)
+    except InvalidMessage as exc:
+        reason = clean_text(str(exc), 600, redact=_redact)
+        return f"the node's tune result was refused, so no preset was kept: {reason}"
+    result["tune"] = checked
+    plan = run.plan
+    try:
+        preset = preset_from(
+            run.run_id,
+            deployment_id=run.deployment_id,
+            model=str(plan.get("model")),
+            model_revision=plan.get("revision"),
+            accelerator=str(plan.get("accelerator")),
+            planned_image=plan.get("image"),
+            request=request,
+            checked=checked,
+            created_at=now,
+        )
+    except ValidationError as exc:  # the plan's facts do not make a preset (a plan the catalog could not build)
+        log.warning("run %s: tuned, but no preset kept: %s", run.run_id, exc.errors()[:1])
+        return ""
+    if preset is not None:
+        result["preset"] = preset.model_dump(mode="json")
+    return ""
+
+
+def _preset_note(result: Mapping[str, Any]) -> str:
+    """What a stored tune kept, for the ledger's outcome ("" for a plain run)."""
+    if "tune" not in result:
+        return ""
+    preset = result.get("preset")
+    if not isinstance(preset, Mapping):
+        return "; tuned: no trial met the SLO, no preset kept"
+    gain = preset.get("gain")
+    times = f" ({gain:.2f}x the baseline)" if isinstance(gain, float) else ""
+    return f"; tuned: verified preset {describe_overrides(preset.get('overrides') or {})}{times}"
 
 
 # --- comparison -----------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.domain.autotune import tune_in_progress
 from shared.domain.boot_progress import (
     BOOT_FAILED,
     BOOT_QUERY_PATH,
@@ -347,7 +348,9 @@ class Monitor:
             assessment=assessment,
             now=now,
             new_status=new_status,
-            action=healing_action(assessment.phase, assessment.since, now, record.spec.health, node_states),
+            action=self._unless_tuning(
+                record, healing_action(assessment.phase, assessment.since, now, record.spec.health, node_states)
+            ),
             active=active,
             activity_write_s=write_s,
         )
@@ -375,6 +378,12 @@ class Monitor:
         if wanted:
             decision.new_status = new_status
         return decision
+
+    def _unless_tuning(self, record: DeploymentRecord, action: HealingAction | None) -> HealingAction | None:
+        """No healing while a tune recreates vLLM trial by trial: those restarts are the tune's (issue 22)."""
+        if action is None or not tune_in_progress(self.store.list_benchmark_runs(record.deployment_id, limit=5)):
+            return action
+        return None
 
     def _publish_healing(self, decisions: Sequence[_Decision], report: TickReport) -> None:
         """Publish before the records change: at-least-once (a failed publish leaves the phase to retry)."""

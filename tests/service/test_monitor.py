@@ -18,6 +18,7 @@ from shared.adapters.local_bus import LocalBus
 from shared.adapters.sqlite_store import SqliteStateStore
 from shared.adapters.vllm_probe import VllmProbe
 from shared.domain.models import (
+    BenchmarkRun,
     DeploymentRecord,
     DeploymentSpec,
     DeploymentStatus,
@@ -244,6 +245,40 @@ def test_a_crash_is_down_and_restarted_after_grace_with_a_stable_command_id(worl
     assert len(commands) == 1
     events = [(m.previous, m.phase) for m in world.messages("events")]
     assert (Phase.SERVING, Phase.DOWN) in events and (Phase.DOWN, Phase.BOOTING) in events
+
+
+@pytest.mark.parametrize(
+    ("status", "trials", "healed"), [("running", 4, False), ("completed", 4, True), ("running", 0, True)]
+)
+def test_no_restart_while_a_tune_recreates_vllm_and_healing_resumes_after_it(
+    world: World, status: str, trials: int, healed: bool
+) -> None:
+    """A tune's trials restart vLLM on purpose (issue 22): the monitor sees DOWN but leaves the engine to the tune;
+    a finished tune, or a plain benchmark running, heals as usual."""
+    world.add("dep-a", phase=Phase.SERVING, health=HealthThresholds(heal_after_s=120))
+    world.tick()
+    now = world.clock.now()
+    request = {"tune_trials": trials, "slo_ttft_ms": 500.0} if trials else {}
+    world.store.create_benchmark_run(
+        BenchmarkRun(
+            run_id=new_command_id(),
+            deployment_id="dep-a",
+            status=status,
+            request=request,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    closed = f"http://127.0.0.1:{free_loopback_port()}"
+    record = world.record("dep-a")
+    world.store.put_deployment(
+        record.model_copy(update={"status": record.status.model_copy(update={"endpoint": closed})}),
+        expected_version=record.version,
+    )
+    phases = [world.tick().deployments[0] for _ in range(4)]  # 240 s DOWN: twice the grace
+    assert all(report.phase is Phase.DOWN for report in phases[:2])
+    assert any("serving.restart" in report.published for report in phases) is healed
+    assert bool([m for m in world.messages("commands") if m.kind == "serving.restart"]) is healed
 
 
 def test_a_down_deployment_on_a_preempted_node_goes_to_the_provisioner_not_a_restart(world: World) -> None:

@@ -174,3 +174,13 @@ class TestKeyWrapper:
 
     def test_the_default_wrapper_reads_the_mounted_key_path(self) -> None:
         assert API_KEY_FILE in build_launch(engine()).command[2]
+
+
+def test_prefix_caching_is_said_only_when_the_plan_chose_it() -> None:
+    default = build_launch(engine()).argv
+    on = build_launch(engine(prefix_caching=True)).argv
+    off = build_launch(engine(prefix_caching=False)).argv
+    assert "--enable-prefix-caching" not in default and "--no-enable-prefix-caching" not in default
+    assert on.count("--enable-prefix-caching") == 1 and "--no-enable-prefix-caching" not in on
+    assert off.count("--no-enable-prefix-caching") == 1 and "--enable-prefix-caching" not in off
+    assert [word for word in on if word != "--enable-prefix-caching"] == list(default), "nothing else moves"

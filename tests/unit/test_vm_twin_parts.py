@@ -71,6 +71,17 @@ class TestCpuArgv:
             "uni",
         ]
 
+    def test_the_batch_knobs_and_prefix_caching_reach_vllm_on_cpu(self) -> None:
+        argv = cpu_argv(
+            ["serve", "m", "--max-num-seqs", "32", "--max-num-batched-tokens=1024", "--no-enable-prefix-caching",
+             "--block-size", "32", "--kv-cache-dtype", "fp8"],
+            "/tiny",
+            512,
+        )  # fmt: skip
+        assert argv[argv.index("--max-num-seqs") + 1] == "32" and "--max-num-batched-tokens=1024" in argv
+        assert "--no-enable-prefix-caching" in argv
+        assert "--block-size" not in argv and "--kv-cache-dtype" not in argv  # a TPU's, not the CPU build's
+
     def test_a_shorter_context_is_kept(self) -> None:
         argv = cpu_argv(["serve", "m", "--max-model-len=128"], "/tiny", 512)
         assert argv[argv.index("--max-model-len") + 1] == "128"
