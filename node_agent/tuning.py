@@ -41,7 +41,7 @@ from node_agent.log_lines import clean_log_line
 from node_agent.runs import RunControl, Runner, RunOutcome
 from shared.domain.autotune import TuneSearch, baseline_from_argv
 from shared.domain.errors import ControllerError, PermanentError
-from shared.domain.serving_overrides import check_overrides, describe_overrides
+from shared.domain.serving_overrides import describe_overrides
 from shared.messages import RunBenchmark
 from shared.ports import ContainerState, ServingContainer
 
@@ -109,9 +109,10 @@ class ContainerLauncher:
         return self._image
 
     async def apply(self, overrides: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(self._apply, check_overrides(overrides, "overrides"))
+        """Checked by the loop that chose them and again by ``reconfigure`` (the port's boundary)."""
+        await asyncio.to_thread(self._apply, overrides)
 
-    def _apply(self, overrides: dict[str, Any]) -> None:
+    def _apply(self, overrides: Mapping[str, Any]) -> None:
         with self._lock:
             if overrides and self._abandoned.is_set():
                 raise EngineDidNotStart("the run was stopped before these flags were applied")

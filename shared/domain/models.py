@@ -62,7 +62,7 @@ DEPLOYMENT_ID_PATTERN = r"^[a-z][-a-z0-9]{0,38}[a-z0-9]$"
 ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]{1,8}$"
 
 RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
-"""A benchmark run's id: its command's id, a lower-case UUID (``shared.messages.contracts.UUID_PATTERN``)."""
+"""A benchmark run's id: its command's id, a lower-case UUID (``shared.messages.contracts.UUID_PATTERN`` is this)."""
 
 DeploymentId = Annotated[str, StringConstraints(pattern=DEPLOYMENT_ID_PATTERN)]
 Zone = Annotated[str, StringConstraints(pattern=ZONE_PATTERN, max_length=40)]

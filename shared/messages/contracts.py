@@ -16,11 +16,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from shared.domain.errors import InvalidMessage
-from shared.domain.models import DeploymentId, DeploymentSpec, Phase, Tier, UtcDateTime
+from shared.domain.models import RUN_ID_PATTERN, DeploymentId, DeploymentSpec, Phase, Tier, UtcDateTime
 
 SCHEMA_VERSION: Literal["1"] = "1"
 MAX_MESSAGE_BYTES = 64 * 1024
-UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+UUID_PATTERN = RUN_ID_PATTERN  # a command id: a lower-case UUID (a benchmark run's id is its command's)
 
 _CLOSED = ConfigDict(extra="forbid", frozen=True)
 
